@@ -1,0 +1,30 @@
+# longcall — the two commands a user needs: `make dev` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: dev test test-pg15 chaos bench install clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+dev: $(STAMP)
+	$(BIN)/longcall dev
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+chaos: $(STAMP)
+	$(BIN)/longcall chaos $(CHAOS_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/longcall bench
+
+clean:
+	rm -rf $(VENV) .longcall .pytest_cache

@@ -1,0 +1,283 @@
+"""The `longcall` command (also `python -m app`).
+
+Every expected failure — bad arguments, bad configuration, an unreachable
+database — is one line on stderr and a non-zero exit, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from typing import Sequence
+
+from app.config import ConfigError, Settings, load_settings
+
+
+class CommandError(Exception):
+    """One line for the user; exit 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints usage too)
+        self.exit(2, f"longcall: {message} (see longcall --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="longcall", description="Durable, paid calls to external AI providers.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("dev", help="run everything locally: embedded PostgreSQL, simulator, web, settler, demo")
+    sub.add_parser("migrate", help="apply pending migrations (safe concurrently)")
+
+    s = sub.add_parser("serve", help="the web tier (Procfile: web)")
+    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--workers", type=int, default=1)
+
+    s = sub.add_parser("settler", help="drain the outbox, run timers and the sweep (Procfile: settler)")
+    s.add_argument("--concurrency", type=int, default=16)
+    s.add_argument("--metrics-port", type=int, default=None)
+
+    s = sub.add_parser("sweep", help="one backstop sweep pass")
+    s.add_argument("--once", action="store_true", required=True)
+
+    s = sub.add_parser("sim", help="the provider simulator")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8787)
+
+    owners = sub.add_parser("owners", help="owners and credits").add_subparsers(
+        dest="action", required=True, parser_class=_Parser)
+    s = owners.add_parser("create", help="create an owner and print its first API key")
+    s.add_argument("name")
+    s.add_argument("--credits", type=int, default=0)
+    s.add_argument("--max-active", type=int, default=10)
+    s.add_argument("--json", action="store_true")
+    s = owners.add_parser("grant", help="add credits to an owner")
+    s.add_argument("owner_id")
+    s.add_argument("amount", type=int)
+
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True,
+                                                                   parser_class=_Parser)
+    s = keys.add_parser("create", help="another API key for an owner")
+    s.add_argument("owner_id")
+    s.add_argument("--json", action="store_true")
+    s = keys.add_parser("revoke", help="revoke a key by its first characters")
+    s.add_argument("key_prefix")
+
+    sub.add_parser("status", help="one screen from the database")
+
+    s = sub.add_parser("chaos", help="the reliability run")
+    s.add_argument("--jobs", type=int, default=5000)
+    sub.add_parser("bench", help="the benchmarks")
+
+    jobs = sub.add_parser("jobs", help="job recovery").add_subparsers(dest="action", required=True,
+                                                                      parser_class=_Parser)
+    s = jobs.add_parser("resolve", help="resolve an uncertain job")
+    s.add_argument("job_id")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--task-id")
+    g.add_argument("--failed", action="store_true")
+    return p
+
+
+def _settings(**kwargs) -> Settings:
+    return load_settings(**kwargs)
+
+
+async def _connect(settings: Settings):
+    from app import db
+
+    try:
+        return await asyncio.wait_for(db.connect(settings.database_url, role="cli"), 10)
+    except (OSError, asyncio.TimeoutError) as e:
+        raise CommandError(f"cannot reach the database: {type(e).__name__}") from None
+    except Exception as e:  # asyncpg's own errors: bad password, no database...
+        raise CommandError(f"cannot connect to the database: {type(e).__name__}") from None
+
+
+async def _with_conn(settings: Settings, fn):
+    conn = await _connect(settings)
+    try:
+        return await fn(conn)
+    finally:
+        await conn.close()
+
+
+def _db_settings() -> Settings:
+    """Commands that only need the database (no SECRET_KEY)."""
+    settings = load_settings(dev=True)
+    if not settings.database_url:
+        raise ConfigError("DATABASE_URL is required")
+    return settings
+
+
+def _cmd_migrate(args) -> int:
+    from app.migrate import migrate
+
+    settings = _db_settings()
+
+    async def run():
+        try:
+            return await asyncio.wait_for(migrate(settings.database_url), 300)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise CommandError(f"cannot reach the database: {type(e).__name__}") from None
+
+    applied = asyncio.run(run())
+    print(f"applied {len(applied)} migration(s)" + "".join(f"\n  {m.version:03d}_{m.name}" for m in applied))
+    return 0
+
+
+def _cmd_owners(args) -> int:
+    from app.domain import owners
+
+    settings = _db_settings()
+    if args.action == "create":
+        try:
+            new = asyncio.run(_with_conn(settings, lambda c: owners.create_owner(
+                c, args.name, args.credits, args.max_active)))
+        except ValueError as e:
+            raise CommandError(str(e)) from None
+        if args.json:
+            print(json.dumps({"owner_id": new.owner_id, "api_key": new.api_key}))
+        else:
+            print(f"owner_id: {new.owner_id}\napi_key:  {new.api_key}\n"
+                  "(the key is shown once; store it now)")
+        return 0
+    try:
+        asyncio.run(_with_conn(settings, lambda c: owners.grant(c, args.owner_id, args.amount)))
+    except (ValueError, owners.NotFound) as e:
+        raise CommandError(str(e)) from None
+    print(f"granted {args.amount} credits to {args.owner_id}")
+    return 0
+
+
+def _cmd_keys(args) -> int:
+    from app.domain import owners
+
+    settings = _db_settings()
+    try:
+        if args.action == "create":
+            key = asyncio.run(_with_conn(settings, lambda c: owners.create_key(c, args.owner_id)))
+            print(json.dumps({"owner_id": args.owner_id, "api_key": key}) if args.json
+                  else f"api_key: {key}\n(the key is shown once; store it now)")
+        else:
+            owner = asyncio.run(_with_conn(settings, lambda c: owners.revoke_key(c, args.key_prefix)))
+            print(f"revoked key {args.key_prefix[:12]}… of {owner}")
+    except owners.NotFound as e:
+        raise CommandError(str(e)) from None
+    return 0
+
+
+def _cmd_jobs(args) -> int:
+    from app import ids
+    from app.domain import recovery
+
+    settings = _db_settings()
+    if not ids.is_job_id(args.job_id):
+        raise CommandError(f"not a job id: {args.job_id!r}")
+
+    async def run(conn):
+        if args.failed:
+            await recovery.resolve_failed(conn, args.job_id)
+            return "failed (refunded)"
+        await recovery.resolve_with_task(conn, args.job_id, args.task_id)
+        return f"running with provider task {args.task_id}"
+
+    try:
+        outcome = asyncio.run(_with_conn(settings, run))
+    except LookupError:
+        raise CommandError(f"no job {args.job_id}") from None
+    except recovery.InvalidState as e:
+        raise CommandError(f"only an uncertain job can be resolved; {args.job_id} is {e}") from None
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    print(f"{args.job_id}: {outcome}")
+    return 0
+
+
+def _cmd_serve(args) -> int:
+    import uvicorn
+
+    from app.web import create_app
+
+    settings = load_settings()
+    port = args.port if args.port is not None else settings.port
+    from app.logs import configure_logging, uvicorn_log_config
+
+    configure_logging(settings.log_level)
+    uvicorn.run(create_app(settings), host=args.host, port=port, log_config=uvicorn_log_config(),
+                access_log=False, proxy_headers=True, lifespan="on")
+    return 0
+
+
+def _cmd_settler(args) -> int:
+    from outbox.settler import run_settler
+
+    if args.concurrency < 1:
+        raise CommandError("--concurrency must be at least 1")
+    settings = load_settings()
+    from app.logs import configure_logging
+
+    configure_logging(settings.log_level)
+    return asyncio.run(run_settler(settings, concurrency=args.concurrency, metrics_port=args.metrics_port))
+
+
+def _cmd_sweep(args) -> int:
+    from outbox.sweep import sweep_once_command
+
+    settings = load_settings()
+    return asyncio.run(sweep_once_command(settings))
+
+
+def _cmd_sim(args) -> int:
+    from app.simulator import main as sim_main
+
+    return sim_main(["--host", args.host, "--port", str(args.port)])
+
+
+def _cmd_status(args) -> int:
+    from app.status import status_command
+
+    settings = _db_settings()
+    return asyncio.run(status_command(settings))
+
+
+def _cmd_dev(args) -> int:
+    from app.dev import run_dev
+
+    return run_dev()
+
+
+def _cmd_chaos(args) -> int:
+    from app.proof.chaos import main as chaos_main
+
+    return chaos_main(jobs=args.jobs)
+
+
+def _cmd_bench(args) -> int:
+    from app.proof.bench import main as bench_main
+
+    return bench_main()
+
+
+COMMANDS = {
+    "dev": _cmd_dev, "migrate": _cmd_migrate, "serve": _cmd_serve, "settler": _cmd_settler,
+    "sweep": _cmd_sweep, "sim": _cmd_sim, "owners": _cmd_owners, "keys": _cmd_keys,
+    "status": _cmd_status, "chaos": _cmd_chaos, "bench": _cmd_bench, "jobs": _cmd_jobs,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args) or 0
+    except ConfigError as e:
+        print(f"longcall: {e}", file=sys.stderr)
+        return 2
+    except CommandError as e:
+        print(f"longcall: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

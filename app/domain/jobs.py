@@ -1,0 +1,335 @@
+"""Jobs: creation, reads, and every state transition.
+
+Owns the `jobs`, `ledger` (job entries) and `assets` tables, and the owners'
+money/capacity counters that move with them. Every transition is ONE SQL
+statement guarded by the expected current status (compare-and-set); its
+money, capacity and outbox effects are parts of that same statement, so they
+commit together or not at all. A statement that matches no row lost a race
+and changed nothing.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import asyncpg
+
+from app import ids
+from app.db import JOBS_CHANNEL, OUTBOX_CHANNEL
+from app.domain import states
+
+
+class InsufficientCredits(Exception):
+    pass
+
+
+class CapacityExhausted(Exception):
+    pass
+
+
+class IdempotencyConflict(Exception):
+    pass
+
+
+def payload_digest(provider: str, model: str, input: Any, max_credits: int) -> bytes:
+    """A canonical digest of what was asked, to tell a replay from a
+    different request under the same idempotency key."""
+    canonical = json.dumps(
+        {"provider": provider, "model": model, "input": input, "max_credits": max_credits},
+        sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).digest()
+
+
+# --- creation ---------------------------------------------------------------
+
+# One statement: reserve credits and a slot (the owner row lock serializes an
+# owner's concurrent creates), insert the job, its ledger `reserve` row and its
+# `submit` intent, and wake the settlers.
+CREATE = f"""
+with owner as (
+    update owners set balance = balance - $5, reserved = reserved + $5, active = active + 1
+    where id = $2 and balance >= $5 and active < max_active
+    returning id
+), job as (
+    insert into jobs (id, owner_id, request_key, request_digest, provider, model, input,
+                      credits_reserved, deadline_at)
+    select $1, owner.id, $3, $4, $6, $7, $8, $5, now() + make_interval(secs => $9) from owner
+    returning id, owner_id, credits_reserved
+), reserve as (
+    insert into ledger (owner_id, job_id, kind, amount)
+    select owner_id, id, 'reserve', credits_reserved from job
+), intent as (
+    insert into outbox (job_id, kind) select id, 'submit' from job
+)
+select job.id, pg_notify('{OUTBOX_CHANNEL}', '') from job
+"""
+BY_REQUEST_KEY = "select id, request_digest from jobs where owner_id = $1 and request_key = $2"
+WHY_REFUSED = "select balance, active, max_active from owners where id = $1"
+
+
+@dataclass(frozen=True)
+class Created:
+    job_id: str
+    created: bool  # False: an earlier request with the same key made it
+
+
+async def create_job(pool: asyncpg.Pool, *, owner_id: str, request_key: str | None,
+                     provider: str, model: str, input: Any, max_credits: int,
+                     give_up_after_s: float) -> Created:
+    digest = payload_digest(provider, model, input, max_credits)
+    async with pool.acquire() as conn:
+        if request_key is not None:
+            existing = await _replay(conn, owner_id, request_key, digest)
+            if existing:
+                return existing
+        job_id = ids.new_job_id()
+        try:
+            row = await conn.fetchrow(CREATE, job_id, owner_id, request_key, digest, max_credits,
+                                      provider, model, input, float(give_up_after_s))
+        except asyncpg.UniqueViolationError:
+            # A concurrent request with the same key won the insert.
+            existing = await _replay(conn, owner_id, request_key, digest)
+            if existing:
+                return existing
+            raise
+        if row is not None:
+            return Created(job_id, True)
+        why = await conn.fetchrow(WHY_REFUSED, owner_id)
+        if why["balance"] < max_credits:
+            raise InsufficientCredits(
+                f"max_credits {max_credits} is more than the available balance {why['balance']}")
+        raise CapacityExhausted(f"{why['active']} of {why['max_active']} active jobs in flight")
+
+
+async def _replay(conn, owner_id: str, request_key: str, digest: bytes) -> Created | None:
+    row = await conn.fetchrow(BY_REQUEST_KEY, owner_id, request_key)
+    if row is None:
+        return None
+    if row["request_digest"] != digest:
+        raise IdempotencyConflict("this Idempotency-Key was used with a different request")
+    return Created(row["id"], False)
+
+
+# --- reads --------------------------------------------------------------------
+
+_OUTPUTS = """
+coalesce((select json_agg(json_build_object('index', a.index, 'content_type', a.content_type,
+                                            'bytes', a.bytes, 'sha256', a.sha256,
+                                            'storage_key', a.storage_key) order by a.index)
+          from assets a where a.job_id = j.id), '[]'::json) as outputs
+"""
+_JOB_COLUMNS = f"""
+j.id, j.owner_id, j.status, j.provider, j.model, j.input, j.created_at, j.updated_at,
+j.finished_at, j.credits_reserved, j.credits_charged, j.credits_refunded, j.error_code,
+j.error_message, j.recheck_requested_at, {_OUTPUTS}
+"""
+GET = f"select {_JOB_COLUMNS} from jobs j where j.id = $1"
+LIST = f"""
+select {_JOB_COLUMNS} from jobs j
+where j.owner_id = $1 and ($2::text is null or j.status = $2)
+  and ($3::timestamptz is null or (j.created_at, j.id) < ($3, $4))
+order by j.created_at desc, j.id desc limit $5
+"""
+# Everything the settler needs, secrets included (never rendered).
+LOAD = "select * from jobs where id = $1"
+
+
+async def get_job(conn, job_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(GET, job_id)
+
+
+async def list_jobs(conn, owner_id: str, *, status: str | None, limit: int,
+                    after: tuple[dt.datetime, str] | None) -> list[asyncpg.Record]:
+    created_at, job_id = after if after else (None, None)
+    return await conn.fetch(LIST, owner_id, status, created_at, job_id, limit)
+
+
+async def load(conn, job_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(LOAD, job_id)
+
+
+# --- closing: the one terminal transition, with its money -----------------------
+
+# $1 job, $2 new status, $3 charge (capped at the reservation here), $4/$5
+# error code/message, $6 statuses it may close from, $7 queue a provider cancel
+# when a task may exist, $8.. assets (index, key, bytes, sha256, type).
+CLOSE = f"""
+with j as (
+    update jobs set status = $2,
+        credits_charged = least($3::bigint, credits_reserved),
+        credits_refunded = credits_reserved - least($3::bigint, credits_reserved),
+        error_code = $4, error_message = $5, webhook_secret = null,
+        finished_at = now(), updated_at = now()
+    where id = $1 and status = any($6::text[])
+    returning id, owner_id, credits_reserved, credits_charged, credits_refunded,
+              provider_task_id, provider_call_started_at
+), money as (
+    insert into ledger (owner_id, job_id, kind, amount)
+    select j.owner_id, j.id, e.kind, e.amount
+    from j cross join lateral (values ('charge', j.credits_charged),
+                                      ('refund', j.credits_refunded)) e(kind, amount)
+    where e.amount > 0
+), owner as (
+    update owners o set reserved = o.reserved - j.credits_reserved,
+        charged = o.charged + j.credits_charged,
+        balance = o.balance + j.credits_refunded,
+        active = o.active - 1
+    from j where o.id = j.owner_id
+), intents_done as (
+    delete from outbox where job_id = $1 and kind in ('submit', 'settle')
+      and exists (select 1 from j)
+), provider_cancel as (
+    insert into outbox (job_id, kind)
+    select id, 'cancel' from j
+    where $7 and (provider_task_id is not null or provider_call_started_at is not null)
+    on conflict (job_id, kind) do nothing
+    returning 1
+), stored as (
+    insert into assets (job_id, index, storage_key, bytes, sha256, content_type)
+    select j.id, a.index, a.key, a.bytes, a.sha256, a.content_type
+    from j cross join unnest($8::int[], $9::text[], $10::bigint[], $11::text[], $12::text[])
+         as a(index, key, bytes, sha256, content_type)
+    on conflict (job_id, index) do update set storage_key = excluded.storage_key,
+        bytes = excluded.bytes, sha256 = excluded.sha256, content_type = excluded.content_type
+)
+select j.id, j.owner_id, j.credits_charged, j.credits_refunded,
+       pg_notify('{JOBS_CHANNEL}', j.id),
+       exists (select 1 from provider_cancel) as cancel_queued,
+       case when exists (select 1 from provider_cancel)
+            then pg_notify('{OUTBOX_CHANNEL}', '') end
+from j
+"""
+
+
+@dataclass(frozen=True)
+class Asset:
+    index: int
+    storage_key: str
+    bytes: int
+    sha256: str
+    content_type: str | None
+
+
+@dataclass(frozen=True)
+class Closed:
+    job_id: str
+    owner_id: str
+    charged: int
+    refunded: int
+    cancel_queued: bool
+
+
+async def close(conn, job_id: str, status: str, *, charge: int = 0, error_code: str | None = None,
+                error_message: str | None = None, cancel_at_provider: bool = False,
+                assets: Sequence[Asset] = (), from_statuses: Sequence[str] | None = None
+                ) -> Closed | None:
+    """Make the job terminal, with its charge/refund, slot release, secret
+    erasure and intent cleanup. None when the job was not in a state this
+    transition may start from (someone else closed it first)."""
+    if status not in states.CLOSE_FROM:
+        raise ValueError(f"not a terminal status: {status}")
+    if status != states.SUCCEEDED and charge:
+        raise ValueError("only a succeeded job is charged")
+    if error_message is not None:
+        error_message = error_message[:1000]
+    row = await conn.fetchrow(
+        CLOSE, job_id, status, charge, error_code, error_message,
+        list(from_statuses or states.CLOSE_FROM[status]),
+        cancel_at_provider,
+        [a.index for a in assets], [a.storage_key for a in assets], [a.bytes for a in assets],
+        [a.sha256 for a in assets], [a.content_type for a in assets])
+    if row is None:
+        return None
+    return Closed(row["id"], row["owner_id"], row["credits_charged"], row["credits_refunded"],
+                  bool(row["cancel_queued"]))
+
+
+# --- the submit path ----------------------------------------------------------
+
+# queued -> submitting before any paid call. `first_call` tells whether an
+# earlier attempt already started a provider call (then the task may exist).
+BEGIN_SUBMIT = """
+update jobs j set status = 'submitting',
+    provider_call_started_at = coalesce(old.provider_call_started_at, now()),
+    submit_attempts = j.submit_attempts + 1, updated_at = now()
+from (select id, provider_call_started_at, provider_task_id from jobs where id = $1 for update) old
+where j.id = old.id and j.status in ('queued', 'submitting') and j.provider_task_id is null
+returning j.*, old.provider_call_started_at is null as first_call
+"""
+
+# Save the provider's task id, the first thing after a submit. From
+# submitting (or uncertain, when an operator resolves it) the job becomes
+# running and gets its first status check; if the job was closed meanwhile
+# (cancelled while we were submitting) the task id is still saved and the
+# provider is asked to cancel it.
+SAVE_TASK = f"""
+with running as (
+    update jobs set status = 'running', provider_task_id = $2, provider_operation = $3,
+        webhook_secret = $4, callback_registered = $5, last_error = null, updated_at = now()
+    where id = $1 and status = any($7::text[])
+    returning id
+), closed as (
+    update jobs set provider_task_id = $2, provider_operation = $3, updated_at = now()
+    where id = $1 and status in ('succeeded', 'failed', 'cancelled', 'expired')
+      and provider_task_id is null and not exists (select 1 from running)
+    returning id
+), first_check as (
+    insert into outbox (job_id, kind, not_before)
+    select id, 'settle', now() + make_interval(secs => $6) from running
+    on conflict (job_id, kind) do update
+        set not_before = least(outbox.not_before, excluded.not_before),
+            generation = outbox.generation + 1
+), provider_cancel as (
+    insert into outbox (job_id, kind) select id, 'cancel' from closed
+    on conflict (job_id, kind) do nothing
+    returning 1
+)
+select exists (select 1 from running) as running, exists (select 1 from closed) as closed,
+       pg_notify('{JOBS_CHANNEL}', $1),
+       case when exists (select 1 from provider_cancel) then pg_notify('{OUTBOX_CHANNEL}', '') end,
+       -- a timer: settlers learn when to wake (payload = due time, epoch s)
+       case when exists (select 1 from running) then pg_notify('{OUTBOX_CHANNEL}',
+            extract(epoch from now() + make_interval(secs => $6))::text) end
+"""
+
+MARK_UNCERTAIN = f"""
+update jobs set status = 'uncertain', last_error = $2, updated_at = now()
+where id = $1 and status = 'submitting'
+returning id, pg_notify('{JOBS_CHANNEL}', id)
+"""
+
+NOTE_ERROR = "update jobs set last_error = $2, updated_at = now() where id = $1"
+COUNT_POLL = "update jobs set polls = polls + 1 where id = $1 returning polls"
+
+
+async def begin_submit(conn, job_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(BEGIN_SUBMIT, job_id)
+
+
+async def save_task(conn, job_id: str, *, task_id: str, operation: Any, webhook_secret: bytes | None,
+                    callback_registered: bool, first_check_after_s: float,
+                    from_statuses: Sequence[str] = (states.SUBMITTING,)) -> str:
+    """Returns 'running', 'closed' (saved on a closed job, provider cancel
+    queued) or 'lost' (the job is in no state to take it)."""
+    row = await conn.fetchrow(SAVE_TASK, job_id, task_id, operation, webhook_secret,
+                              callback_registered, float(first_check_after_s), list(from_statuses))
+    if row["running"]:
+        return "running"
+    if row["closed"]:
+        return "closed"
+    return "lost"
+
+
+async def mark_uncertain(conn, job_id: str, reason: str) -> bool:
+    return await conn.fetchrow(MARK_UNCERTAIN, job_id, reason[:1000]) is not None
+
+
+async def note_error(conn, job_id: str, message: str) -> None:
+    await conn.execute(NOTE_ERROR, job_id, message[:1000])
+
+
+async def count_poll(conn, job_id: str) -> int:
+    return await conn.fetchval(COUNT_POLL, job_id) or 0

@@ -1,0 +1,36 @@
+"""Recovery of `uncertain` jobs: a submit whose outcome is unknown and could
+not be looked up. An operator attaches the task found by hand (the job runs
+and settles normally) or declares it failed (refund)."""
+from __future__ import annotations
+
+from app.domain import jobs, states
+
+
+class InvalidState(Exception):
+    pass
+
+
+async def resolve_with_task(conn, job_id: str, task_id: str, first_check_after_s: float = 0.0) -> None:
+    if not task_id or len(task_id) > 500:
+        raise ValueError("provider_task_id must be a non-empty string")
+    result = await jobs.save_task(conn, job_id, task_id=task_id, operation=None, webhook_secret=None,
+                                  callback_registered=False, first_check_after_s=first_check_after_s,
+                                  from_statuses=(states.UNCERTAIN,))
+    if result != "running":
+        raise InvalidState(await _status(conn, job_id))
+
+
+async def resolve_failed(conn, job_id: str) -> jobs.Closed:
+    closed = await jobs.close(conn, job_id, states.FAILED, error_code=states.RESOLVED_FAILED,
+                              error_message="resolved as failed by an operator",
+                              from_statuses=(states.UNCERTAIN,))
+    if closed is None:
+        raise InvalidState(await _status(conn, job_id))
+    return closed
+
+
+async def _status(conn, job_id: str) -> str:
+    status = await conn.fetchval("select status from jobs where id = $1", job_id)
+    if status is None:
+        raise LookupError(job_id)
+    return status

@@ -1,0 +1,36 @@
+"""Identifiers and API keys."""
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+JOB_ID = re.compile(r"^job_[0-9a-f]{24}$")
+OWNER_ID = re.compile(r"^own_[0-9a-f]{24}$")
+KEY_PREFIX_LEN = 12  # "lc_" + 9 characters: enough to name a key, useless to guess it
+
+
+def new_job_id() -> str:
+    return "job_" + secrets.token_hex(12)
+
+
+def new_owner_id() -> str:
+    return "own_" + secrets.token_hex(12)
+
+
+def new_api_key() -> str:
+    return "lc_" + secrets.token_urlsafe(32)
+
+
+def api_key_prefix(key: str) -> str:
+    return key[:KEY_PREFIX_LEN]
+
+
+def api_key_hash(key: str) -> bytes:
+    # Keys are 256-bit random strings, so a fast hash is enough (no password
+    # stretching needed) and keeps authentication to one indexed lookup.
+    return hashlib.sha256(key.encode()).digest()
+
+
+def is_job_id(value: str) -> bool:
+    return bool(JOB_ID.match(value))

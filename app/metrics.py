@@ -1,0 +1,43 @@
+"""Prometheus metrics. Counters where things count; gauges (outbox depth,
+oldest due intent) are computed only when scraped, so an idle system issues
+no queries for them."""
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+JOBS_CREATED = Counter("longcall_jobs_created_total", "Jobs created", ["provider"])
+JOBS_FINISHED = Counter("longcall_jobs_finished_total", "Jobs that reached a terminal state",
+                        ["provider", "status"])
+PROVIDER_CALLS = Counter("longcall_provider_calls_total", "Calls to providers",
+                         ["provider", "operation", "outcome"])
+WEBHOOKS = Counter("longcall_webhook_requests_total", "Webhook requests by result",
+                   ["provider", "result"])
+CREDITS_CHARGED = Counter("longcall_credits_charged_total", "Credits charged")
+CREDITS_REFUNDED = Counter("longcall_credits_refunded_total", "Credits refunded")
+SETTLE_SECONDS = Histogram("longcall_settle_duration_seconds", "Time of one settle step",
+                           ["provider", "outcome"],
+                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+DOWNLOAD_BYTES = Histogram("longcall_download_bytes", "Bytes per downloaded output",
+                           buckets=(1024, 16384, 262144, 1 << 20, 16 << 20, 128 << 20, 1 << 30, 4 << 30))
+INTENTS = Counter("longcall_intents_total", "Outbox intents processed", ["kind", "outcome"])
+SWEEPS = Counter("longcall_sweeps_total", "Backstop sweep passes")
+SWEEP_FOUND = Counter("longcall_sweep_found_total", "What the sweep found", ["what"])
+
+
+class Metrics:
+    """The few calls the code makes, so call sites stay one line."""
+
+    def job_created(self, provider: str) -> None:
+        JOBS_CREATED.labels(provider).inc()
+
+    def job_finished(self, provider: str, status: str, closed) -> None:
+        JOBS_FINISHED.labels(provider, status).inc()
+        if closed is not None:
+            CREDITS_CHARGED.inc(closed.charged)
+            CREDITS_REFUNDED.inc(closed.refunded)
+
+    def provider_call(self, provider: str, operation: str, outcome: str) -> None:
+        PROVIDER_CALLS.labels(provider, operation, outcome).inc()
+
+    def webhook(self, provider: str, result: str) -> None:
+        WEBHOOKS.labels(provider, result).inc()

@@ -1,0 +1,160 @@
+"""The one interface every provider adapter implements.
+
+The settler and the webhook receiver talk to providers only through this
+module's types. An adapter turns its provider's wire protocol into these
+values and its failures into exactly one of the three error classes, so the
+settler can decide without knowing which provider it is talking to.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class ProviderError(Exception):
+    """Base of the three outcomes of a failed provider call.
+
+    Messages must never contain a secret (API token, webhook secret, a URL
+    carrying a token): they end up in the job's `last_error` and in logs.
+    """
+
+
+class Rejected(ProviderError):
+    """The provider definitely did not create anything and will not if asked
+    again the same way (a 4xx validation error). No charge; the job fails."""
+
+
+class Transient(ProviderError):
+    """The provider definitely did not create anything, but may if asked again
+    later (connection refused before the request was sent, 429, 503 on a read).
+    `retry_after` is the provider's own hint in seconds, when it gave one."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Uncertain(ProviderError):
+    """The request may have reached the provider and created a task (a timeout
+    or a 5xx after the request was sent). Never retried blindly unless the
+    provider's submit is idempotent."""
+
+
+class TaskState(str, enum.Enum):
+    RUNNING = "running"  # queued or running at the provider: ask again later
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # cancelled or aborted at the provider
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submit (or a successful `find`) returns."""
+
+    task_id: str
+    # Provider-specific facts needed to address the task later (fal's model
+    # path, say). Stored as JSON in jobs.provider_operation. Never a secret.
+    operation: Mapping[str, Any] | None = None
+    # The per-task webhook signing secret, when the provider hands one out.
+    # Encrypted at rest by the caller, erased when the job closes.
+    webhook_secret: str | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """A provider task as we stored it: enough to ask about it or cancel it."""
+
+    task_id: str
+    operation: Mapping[str, Any] | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the provider says about a task right now."""
+
+    state: TaskState
+    output_urls: tuple[str, ...] = ()
+    cost: int | None = None  # credits, when the provider reports a cost
+    error: str | None = None  # the provider's reason for a failure
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    job_id: str
+    model: str
+    input: Mapping[str, Any]
+    # Where the provider should send its webhook; None when PUBLIC_URL is
+    # unset (jobs then close through reads and timers).
+    callback_url: str | None
+
+
+@dataclass(frozen=True)
+class WebhookRequest:
+    """An incoming webhook, exactly as it arrived. Nothing here is parsed
+    before `verify` says yes."""
+
+    job_id: str
+    headers: Mapping[str, str]  # lower-cased names
+    query: Mapping[str, str]
+    raw_body: bytes
+    # The job's decrypted per-task webhook secret (sim), or None.
+    job_secret: str | None = None
+
+
+@dataclass(frozen=True)
+class ProviderFacts:
+    """The pure facts the settler and the receiver need about a provider."""
+
+    name: str
+    webhook_scheme: str  # "t/v1", "standard-webhooks", "ed25519-jwks", "capability-url"
+    idempotent_submit: bool  # the same idempotency key returns the same task
+    can_find: bool  # find() can look a task up by our job id
+    # Lost-webhook check: with a webhook registered, ask the provider anyway
+    # this long after submit.
+    stale_after_s: float
+    # Poll schedule without webhooks: seconds to wait before the n-th check
+    # (n = 0 is the first check after submit).
+    poll_delays_s: tuple[float, ...] = (2.0, 3.0, 5.0, 10.0, 20.0, 30.0)
+    # Hosts outputs may be downloaded from (exact names, or ".suffix").
+    output_hosts: tuple[str, ...] = field(default_factory=tuple)
+    output_ttl_s: float = 3600.0
+
+    def poll_delay(self, n: int) -> float:
+        return self.poll_delays_s[min(n, len(self.poll_delays_s) - 1)]
+
+
+class Provider:
+    """Base class of adapters. Each I/O method maps its failures to
+    Rejected / Transient / Uncertain and nothing else."""
+
+    facts: ProviderFacts
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+    async def submit(self, request: SubmitRequest, idempotency_key: str) -> Submitted:
+        raise NotImplementedError
+
+    async def status(self, task: Task) -> Observation:
+        raise NotImplementedError
+
+    async def cancel(self, task: Task) -> None:
+        """Best effort; a task that is already finished is not an error."""
+        raise NotImplementedError
+
+    async def find(self, request: SubmitRequest) -> Submitted | None:
+        """Look a task up by a stable reference (our job id in the callback URL
+        or metadata). None when no such task exists. Only called when
+        `facts.can_find`."""
+        return None
+
+    async def verify(self, webhook: WebhookRequest) -> bool:
+        """True only for a webhook signed by this provider for this job.
+        Never raises: every malformed input is simply False."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,96 @@
+"""The web tier: a Starlette app. Stateless; scale it out behind a load
+balancer."""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from app import db
+from app.config import Settings
+from app.domain import owners
+from app.metrics import Metrics
+from app.providers import build_providers, close_providers
+from app.signing.secretbox import SecretBox
+from app.storage import open_storage
+from app.web import admin, health, jobs, openapi, webhooks
+from app.web.auth import require_owner
+from app.web.errors import ApiError, error_response
+from app.web.waiters import JobChanges
+
+log = logging.getLogger("longcall.web")
+
+
+async def account(request: Request) -> JSONResponse:
+    owner_id = await require_owner(request)
+    return JSONResponse(await owners.account(request.app.state.pool, owner_id))
+
+
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return error_response(exc.code, exc.message, exc.headers)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    if exc.status_code == 405:
+        return error_response("method_not_allowed", "method not allowed on this route")
+    if exc.status_code == 404:
+        return error_response("not_found", "no such route")
+    return JSONResponse({"error": {"code": "invalid_request", "message": str(exc.detail)}},
+                        status_code=exc.status_code)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Never echo the exception: it may carry anything.
+    log.error("unhandled error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return error_response("internal", "internal error")
+
+
+ROUTES = [
+    Route("/v1/jobs", jobs.create_job, methods=["POST"]),
+    Route("/v1/jobs", jobs.list_jobs, methods=["GET"]),
+    Route("/v1/jobs/{job_id}", jobs.read_job, methods=["GET"]),
+    Route("/v1/jobs/{job_id}", jobs.cors_preflight, methods=["OPTIONS"]),
+    Route("/v1/jobs/{job_id}/cancel", jobs.cancel_job, methods=["POST"]),
+    Route("/v1/jobs/{job_id}/outputs/{index}", jobs.read_output, methods=["GET"]),
+    Route("/v1/jobs/{job_id}/outputs/{index}", jobs.cors_preflight, methods=["OPTIONS"]),
+    Route("/v1/account", account, methods=["GET"]),
+    Route("/v1/admin/jobs/{job_id}/resolve", admin.resolve_job, methods=["POST"]),
+    Route("/webhooks/{provider}/{job_id}", webhooks.receive_webhook, methods=["POST"]),
+    Route("/healthz", health.healthz, methods=["GET"]),
+    Route("/readyz", health.readyz, methods=["GET"]),
+    Route("/metrics", health.metrics, methods=["GET"]),
+    Route("/openapi.json", openapi.openapi, methods=["GET"]),
+]
+
+
+def create_app(settings: Settings, *, pool_size: int = 20) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        state = app.state
+        state.settings = settings
+        state.metrics = Metrics()
+        state.secretbox = SecretBox(settings.secret_keys)
+        state.pool = await db.create_pool(settings.database_url, role="web", min_size=2,
+                                          max_size=pool_size)
+        state.providers = build_providers(settings)
+        state.storage = open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url)
+        state.job_changes = JobChanges(settings.database_url)
+        await state.job_changes.start()
+        try:
+            yield
+        finally:
+            await state.job_changes.stop()
+            await close_providers(state.providers)
+            await state.storage.aclose()
+            await state.pool.close()
+
+    return Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
+    )

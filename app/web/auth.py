@@ -1,0 +1,37 @@
+"""Who is asking: an owner's API key, or a job's signed read token."""
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+
+from app.domain import owners
+from app.signing.tokens import check_read_token, make_read_token
+from app.web.errors import ApiError
+
+READ_TOKEN_TTL_S = 24 * 3600
+
+
+async def require_owner(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise ApiError("unauthenticated", "send an API key as 'Authorization: Bearer <key>'")
+    owner_id = await owners.authenticate(request.app.state.pool, key.strip())
+    if owner_id is None:
+        raise ApiError("unauthenticated", "the API key is not valid")
+    return owner_id
+
+
+def has_bearer(request: Request) -> bool:
+    return "authorization" in request.headers
+
+
+def read_token_for(request: Request, job_id: str) -> str:
+    settings = request.app.state.settings
+    return make_read_token(job_id, settings.secret_key, int(time.time()) + READ_TOKEN_TTL_S)
+
+
+def token_allows(request: Request, job_id: str) -> bool:
+    token = request.query_params.get("token")
+    return check_read_token(token, job_id, request.app.state.settings.secret_keys, time.time())

@@ -1,0 +1,135 @@
+"""The outbox: durable intents (`submit`, `settle`, `cancel`), at most one
+open per job and kind. Owns the `outbox` table; every query on it is here.
+
+Requests coalesce into the open intent, keeping the earliest `not_before`,
+and bump its `generation`: a worker that claimed the intent before the
+request arrived sees the generation moved when it finishes, and leaves the
+intent due instead of deleting it, so the request is not lost.
+
+NOTIFY (channel longcall_outbox) is sent only when an intent becomes due
+sooner than it was: payload '' means "due now", otherwise the due time in
+epoch seconds, so sleeping settlers can shorten their sleep. NOTIFY takes a
+cluster-wide lock at commit, so a coalesce into an intent that is already due
+sends nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from app.db import OUTBOX_CHANNEL
+
+KINDS = ("submit", "settle", "cancel")
+
+# $1 job, $2 kind, $3 delay (s). `before` is read first so we can tell whether
+# this request moved the due time earlier (only then is there anyone to wake).
+REQUEST = f"""
+with before as (
+    select not_before from outbox where job_id = $1 and kind = $2
+), upsert as (
+    insert into outbox (job_id, kind, not_before)
+    values ($1, $2, now() + make_interval(secs => $3))
+    on conflict (job_id, kind) do update
+        set not_before = least(outbox.not_before, excluded.not_before),
+            generation = outbox.generation + 1
+    returning not_before
+)
+select case
+         when not exists (select 1 from before)
+              or (select not_before from before) > (select not_before from upsert)
+                 and (select not_before from before) > now()
+         then pg_notify('{OUTBOX_CHANNEL}',
+                        case when (select not_before from upsert) <= now() then ''
+                             else extract(epoch from (select not_before from upsert))::text end)
+       end
+from upsert
+"""
+
+# Claim due intents not held by a live lease. SKIP LOCKED lets several
+# settlers claim side by side; the lease returns a crashed worker's claims.
+CLAIM = """
+with due as (
+    select id from outbox
+    where not_before <= now() and (claimed_until is null or claimed_until <= now())
+    order by not_before
+    limit $1
+    for update skip locked
+)
+update outbox o set claimed_until = now() + make_interval(secs => $2), attempts = o.attempts + 1
+from due where o.id = due.id
+returning o.id, o.job_id, o.kind, o.generation, o.attempts
+"""
+
+# Done: delete the intent, unless a request coalesced into it meanwhile
+# (generation moved) — then release it, still due.
+FINISH = """
+with gone as (
+    delete from outbox where id = $1 and generation = $2 returning id
+)
+update outbox set claimed_until = null
+where id = $1 and not exists (select 1 from gone)
+returning id
+"""
+
+# Put the intent back to run again after a delay. A request that coalesced
+# meanwhile keeps it due now. `failed` keeps the attempt count (toward the
+# cap); a normal durable wait ("still running, ask later") resets it.
+RETRY = """
+update outbox set
+    not_before = case when generation = $2 then now() + make_interval(secs => $3)
+                      else least(not_before, now()) end,
+    claimed_until = null,
+    attempts = case when $4 then attempts else 0 end
+where id = $1
+returning not_before, generation <> $2 as requested_meanwhile
+"""
+
+# Give the claim back untouched (shutdown): due again at once.
+RELEASE = "update outbox set claimed_until = null, attempts = greatest(attempts - 1, 0) where id = $1"
+
+# When must a sleeping settler wake next? (index on not_before; claimed rows
+# wake at their lease end, which is always later than their not_before.)
+NEXT_DUE = """
+select min(greatest(not_before, coalesce(claimed_until, not_before))) from (
+    select not_before, claimed_until from outbox order by not_before limit 100
+) s
+"""
+
+
+@dataclass(frozen=True)
+class Intent:
+    id: int
+    job_id: str
+    kind: str
+    generation: int
+    attempts: int
+
+
+async def request(conn, job_id: str, kind: str, delay_s: float = 0.0) -> None:
+    """Ask for `kind` on a job (coalescing into the open intent)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown intent kind {kind}")
+    await conn.execute(REQUEST, job_id, kind, float(delay_s))
+
+
+async def claim(conn, limit: int, lease_s: float) -> list[Intent]:
+    rows = await conn.fetch(CLAIM, limit, float(lease_s))
+    return [Intent(r["id"], r["job_id"], r["kind"], r["generation"], r["attempts"]) for r in rows]
+
+
+async def finish(conn, intent: Intent) -> bool:
+    """Delete a done intent; True when a new request kept it (still due)."""
+    return await conn.fetchval(FINISH, intent.id, intent.generation) is not None
+
+
+async def retry(conn, intent: Intent, delay_s: float, *, failed: bool) -> asyncpg.Record | None:
+    return await conn.fetchrow(RETRY, intent.id, intent.generation, float(delay_s), failed)
+
+
+async def release(conn, intent: Intent) -> None:
+    await conn.execute(RELEASE, intent.id)
+
+
+async def next_due(conn):
+    return await conn.fetchval(NEXT_DUE)

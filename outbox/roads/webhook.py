@@ -1,0 +1,33 @@
+"""Road 1 to a settle: a provider's signed webhook.
+
+Verified at arrival with the provider's own scheme on the raw bytes; then the
+only effect is a settle request (coalesced into the job's open intent). The
+body is never parsed for state: the settle step re-asks the provider.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from app.domain import states
+from app.providers.base import Provider, WebhookRequest
+from app.signing.secretbox import SecretBox
+from outbox import intents
+
+LOAD = "select status, webhook_secret from jobs where id = $1 and provider = $2"
+
+
+async def accept(pool, provider: Provider, secretbox: SecretBox, job_id: str,
+                 headers: Mapping[str, str], query: Mapping[str, str], raw_body: bytes) -> bool:
+    """True when the webhook is genuine and a settle was requested. Every
+    failure (unknown job, closed job, bad signature) is the same False."""
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(LOAD, job_id, provider.name)
+        if row is None or row["status"] in states.TERMINAL:
+            return False
+        secret = secretbox.decrypt(row["webhook_secret"], job_id)
+        webhook = WebhookRequest(job_id=job_id, headers=headers, query=query, raw_body=raw_body,
+                                 job_secret=secret)
+        if not await provider.verify(webhook):
+            return False
+        await intents.request(conn, job_id, "settle")
+        return True

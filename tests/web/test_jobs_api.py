@@ -1,0 +1,236 @@
+"""The jobs API over real HTTP against a real PostgreSQL."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from app.signing.tokens import make_read_token
+
+JOB = {"provider": "sim", "model": "image-fast", "input": {"prompt": "a cat"}, "max_credits": 10}
+
+
+async def counts(pool) -> dict:
+    return dict(await pool.fetchrow(
+        "select (select count(*) from jobs) as jobs, (select count(*) from outbox) as intents,"
+        " (select count(*) from ledger where kind = 'reserve') as reserves"))
+
+
+async def test_create_read_list_account(web, make_owner, db):
+    server = await web()
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        r = await c.post("/v1/jobs", json=JOB)
+        assert r.status_code == 202, r.text
+        job = r.json()
+        assert job["id"].startswith("job_") and job["status"] == "queued"
+        assert r.headers["location"] == f"/v1/jobs/{job['id']}"
+        assert job["credits"] == {"reserved": 10, "charged": 0, "refunded": 0}
+        assert job["outputs"] == [] and job["error"] is None
+        assert job["status_url"].startswith(f"/v1/jobs/{job['id']}?token=")
+        r = await c.get(f"/v1/jobs/{job['id']}")
+        assert r.status_code == 200 and r.json()["id"] == job["id"]
+        r = await c.get("/v1/jobs")
+        assert [j["id"] for j in r.json()["jobs"]] == [job["id"]] and r.json()["next_cursor"] is None
+        r = await c.get("/v1/account")
+        assert r.json() == {"owner_id": owner.owner_id,
+                            "credits": {"balance": 90, "reserved": 10, "charged": 0},
+                            "active": 1, "max_active": 10}
+    # one job, one reservation, one submit intent, written together
+    assert await counts(db) == {"jobs": 1, "intents": 1, "reserves": 1}
+
+
+async def test_fifty_concurrent_identical_creates_make_one_job(web, make_owner, db):
+    server = await web()
+    owner = await make_owner(credits=1000, max_active=100)
+    async with server.client(owner.api_key) as c:
+        responses = await asyncio.gather(*[
+            c.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "same-key"}) for _ in range(50)])
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200] * 49 + [202]
+    assert len({r.json()["id"] for r in responses}) == 1
+    assert await counts(db) == {"jobs": 1, "intents": 1, "reserves": 1}
+    assert await db.fetchval("select balance from owners") == 990
+
+
+async def test_same_key_different_payload_is_409_and_writes_nothing(web, make_owner, db):
+    server = await web()
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        assert (await c.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"})).status_code == 202
+        before = await counts(db)
+        r = await c.post("/v1/jobs", json={**JOB, "max_credits": 11}, headers={"Idempotency-Key": "k"})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "idempotency_conflict"
+    assert await counts(db) == before
+    assert await db.fetchval("select balance from owners") == 90
+
+
+async def test_idempotency_keys_are_scoped_to_the_owner(web, make_owner, db):
+    server = await web()
+    a, b = await make_owner(), await make_owner()
+    async with server.client(a.api_key) as ca, server.client(b.api_key) as cb:
+        ra = await ca.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "k"})
+        rb = await cb.post("/v1/jobs", json={**JOB, "max_credits": 5}, headers={"Idempotency-Key": "k"})
+    assert ra.status_code == rb.status_code == 202 and ra.json()["id"] != rb.json()["id"]
+
+
+async def test_concurrent_creates_never_overdraw_or_exceed_slots(web, make_owner, db):
+    server = await web()
+    poor = await make_owner(credits=35, max_active=100)   # money runs out: 3 jobs of 10
+    busy = await make_owner(credits=10_000, max_active=4)  # slots run out: 4 jobs
+    async with server.client(poor.api_key) as cp, server.client(busy.api_key) as cb:
+        rs = await asyncio.gather(*[cp.post("/v1/jobs", json=JOB) for _ in range(25)],
+                                  *[cb.post("/v1/jobs", json=JOB) for _ in range(25)])
+    poor_codes = sorted(r.status_code for r in rs[:25])
+    busy_codes = sorted(r.status_code for r in rs[25:])
+    assert poor_codes == [202] * 3 + [402] * 22
+    assert busy_codes == [202] * 4 + [429] * 21
+    assert all(r.headers.get("retry-after") for r in rs[25:] if r.status_code == 429)
+    assert {r.json()["error"]["code"] for r in rs if r.status_code == 402} == {"insufficient_credits"}
+    rows = {r["id"]: r for r in await db.fetch("select * from owners")}
+    assert rows[poor.owner_id]["balance"] == 5 and rows[poor.owner_id]["reserved"] == 30
+    assert rows[busy.owner_id]["active"] == 4 and rows[busy.owner_id]["reserved"] == 40
+    for row in rows.values():
+        assert row["granted"] == row["balance"] + row["reserved"] + row["charged"]
+    assert await db.fetchval("select count(*) from jobs") == 7
+    assert await db.fetchval("select count(*) from outbox") == 7
+
+
+@pytest.mark.parametrize("body,code,status", [
+    (b"not json", "invalid_request", 400),
+    (b"[1]", "invalid_request", 400),
+    (b'{"provider": "sim"}', "invalid_request", 400),
+    (b'{"provider": "sim", "model": "m", "input": {}, "max_credits": 1, "extra": 1}', "invalid_request", 400),
+    (b'{"provider": "sim", "model": "m", "input": [], "max_credits": 1}', "invalid_request", 400),
+    (b'{"provider": "sim", "model": "", "input": {}, "max_credits": 1}', "invalid_request", 400),
+    (b'{"provider": "sim", "model": "m", "input": {}, "max_credits": 0}', "invalid_request", 400),
+    (b'{"provider": "sim", "model": "m", "input": {}, "max_credits": 1.5}', "invalid_request", 400),
+    (b'{"provider": "sim", "model": "m", "input": {}, "max_credits": true}', "invalid_request", 400),
+    (b'{"provider": "sim", "model": "m", "input": {}, "max_credits": "5"}', "invalid_request", 400),
+    (b'{"provider": "sim", "model": "m", "input": {"x": NaN}, "max_credits": 1}', "invalid_request", 400),
+    (b'{"provider": "nope", "model": "m", "input": {}, "max_credits": 1}', "unknown_provider", 422),
+    (b'\xff\xfe{}', "invalid_request", 400),
+])
+async def test_bad_input_is_a_clear_4xx_and_writes_nothing(web, make_owner, db, body, code, status):
+    server = await web()
+    owner = await make_owner()
+    async with server.client(owner.api_key) as c:
+        r = await c.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+    assert await counts(db) == {"jobs": 0, "intents": 0, "reserves": 0}
+
+
+async def test_oversized_body_is_413(web, make_owner, db):
+    server = await web()
+    owner = await make_owner()
+    big = {**JOB, "input": {"prompt": "x" * (1024 * 1024)}}
+    async with server.client(owner.api_key) as c:
+        r = await c.post("/v1/jobs", json=big)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+
+        async def chunks():  # no Content-Length: the cap holds while streaming
+            for _ in range(20):
+                yield b"x" * 65536 * 2
+        r = await c.post("/v1/jobs", content=chunks())
+        assert r.status_code == 413
+    assert await counts(db) == {"jobs": 0, "intents": 0, "reserves": 0}
+
+
+async def test_authentication(web, make_owner, db):
+    server = await web()
+    owner = await make_owner()
+    async with server.client() as c:
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {owner.api_key}"},
+                        {"Authorization": f"Bearer {owner.api_key}x"}):
+            r = await c.get("/v1/account", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
+            assert owner.api_key not in r.text
+
+
+async def test_other_owners_jobs_are_404_everywhere(web, make_owner, db):
+    server = await web()
+    a, b = await make_owner(), await make_owner()
+    async with server.client(a.api_key) as ca, server.client(b.api_key) as cb:
+        job = (await ca.post("/v1/jobs", json=JOB)).json()
+        for r in (await cb.get(f"/v1/jobs/{job['id']}"),
+                  await cb.post(f"/v1/jobs/{job['id']}/cancel"),
+                  await cb.get(f"/v1/jobs/{job['id']}/outputs/0"),
+                  await cb.get("/v1/jobs/job_000000000000000000000000"),
+                  await cb.get("/v1/jobs/not-a-job")):
+            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        assert (await cb.get("/v1/jobs")).json()["jobs"] == []
+    assert await db.fetchval("select status from jobs") == "queued"
+
+
+async def test_read_tokens(web, make_owner, db, make_settings):
+    server = await web()
+    owner = await make_owner()
+    async with server.client(owner.api_key) as c:
+        job = (await c.post("/v1/jobs", json=JOB)).json()
+        other = (await c.post("/v1/jobs", json=JOB)).json()
+    async with server.client() as anon:
+        r = await anon.get(job["status_url"])
+        assert r.status_code == 200 and r.json()["id"] == job["id"]
+        assert r.headers["access-control-allow-origin"] == "*"
+        key = make_settings().secret_key
+        expired = make_read_token(job["id"], key, int(time.time()) - 1)
+        forged = make_read_token(job["id"], b"another-secret-key-0123", int(time.time()) + 3600)
+        other_token = other["status_url"].split("token=")[1]
+        for token in (expired, forged, other_token, "", "garbage"):
+            r = await anon.get(f"/v1/jobs/{job['id']}", params={"token": token})
+            assert r.status_code == 404, token
+        # a token reads, never cancels
+        r = await anon.post(f"/v1/jobs/{job['id']}/cancel?token={job['status_url'].split('token=')[1]}")
+        assert r.status_code == 401
+
+
+async def test_cancel_refunds_once_and_frees_the_slot(web, make_owner, db):
+    server = await web()
+    owner = await make_owner(credits=100, max_active=1)
+    async with server.client(owner.api_key) as c:
+        job = (await c.post("/v1/jobs", json=JOB)).json()
+        assert (await c.post("/v1/jobs", json=JOB)).status_code == 429
+        rs = await asyncio.gather(*[c.post(f"/v1/jobs/{job['id']}/cancel") for _ in range(20)])
+        assert sorted(r.status_code for r in rs) == [200] + [409] * 19
+        done = next(r.json() for r in rs if r.status_code == 200)
+        assert done["status"] == "cancelled" and done["credits"] == {"reserved": 10, "charged": 0, "refunded": 10}
+        assert {r.json()["error"]["code"] for r in rs if r.status_code == 409} == {"invalid_state"}
+        assert (await c.get("/v1/account")).json()["credits"] == {"balance": 100, "reserved": 0, "charged": 0}
+        assert (await c.post("/v1/jobs", json=JOB)).status_code == 202  # the slot is free again
+    assert await db.fetchval("select count(*) from ledger where kind = 'refund'") == 1
+    # a queued job had no provider call: no provider cancel is queued, its submit intent is gone
+    assert await db.fetchval("select count(*) from outbox where job_id = $1", job["id"]) == 0
+
+
+async def test_list_pagination_and_filter(web, make_owner, db):
+    server = await web()
+    owner = await make_owner(credits=1000, max_active=100)
+    async with server.client(owner.api_key) as c:
+        ids = [(await c.post("/v1/jobs", json=JOB)).json()["id"] for _ in range(7)]
+        await c.post(f"/v1/jobs/{ids[0]}/cancel")
+        seen, cursor = [], None
+        while True:
+            params = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+            page = (await c.get("/v1/jobs", params=params)).json()
+            seen += [j["id"] for j in page["jobs"]]
+            cursor = page["next_cursor"]
+            if not cursor:
+                break
+        assert seen == list(reversed(ids))
+        r = await c.get("/v1/jobs", params={"status": "cancelled"})
+        assert [j["id"] for j in r.json()["jobs"]] == [ids[0]]
+        for bad in ({"limit": 0}, {"limit": 101}, {"limit": "x"}, {"status": "nope"}, {"cursor": "zzz"}):
+            r = await c.get("/v1/jobs", params=bad)
+            assert r.status_code == 400, bad
+
+
+async def test_health_and_openapi(web, db):
+    server = await web()
+    async with server.client() as c:
+        assert (await c.get("/healthz")).status_code == 200
+        assert (await c.get("/readyz")).status_code == 200
+        doc = (await c.get("/openapi.json")).json()
+        assert "/v1/jobs" in doc["paths"]
+        r = await c.get("/nope")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
