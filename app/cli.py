@@ -227,7 +227,7 @@ def _cmd_settler(args) -> int:
 def _cmd_sweep(args) -> int:
     from outbox.sweep import sweep_once_command
 
-    settings = load_settings()
+    settings = _db_settings()
     return asyncio.run(sweep_once_command(settings))
 
 

@@ -44,6 +44,11 @@ create table jobs (
     webhook_secret            bytea,          -- encrypted (app/signing/secretbox.py)
     callback_registered       boolean not null default false,
     provider_call_started_at  timestamptz,    -- set once, by the first submit attempt
+    -- A submit call is out and its outcome not yet known: set before each
+    -- call, cleared by a definite answer. Still set on the next attempt means
+    -- the last call's fate is unknown (a crash): look the task up, do not
+    -- submit blindly.
+    submit_in_doubt           boolean not null default false,
     submit_attempts           integer not null default 0 check (submit_attempts >= 0),
     settle_attempts           integer not null default 0 check (settle_attempts >= 0),
     polls                     integer not null default 0 check (polls >= 0),

@@ -249,16 +249,19 @@ async def close(conn, job_id: str, status: str, *, charge: int = 0, error_code: 
 
 # --- the submit path ----------------------------------------------------------
 
-# queued -> submitting before any paid call. `first_call` tells whether an
-# earlier attempt already started a provider call (then the task may exist).
+# queued -> submitting before any paid call. `was_in_doubt` tells whether an
+# earlier attempt's call never got a definite answer (then the task may exist).
 BEGIN_SUBMIT = """
-update jobs j set status = 'submitting',
-    provider_call_started_at = coalesce(old.provider_call_started_at, now()),
+update jobs j set status = 'submitting', submit_in_doubt = true,
+    provider_call_started_at = coalesce(j.provider_call_started_at, now()),
     submit_attempts = j.submit_attempts + 1, updated_at = now()
-from (select id, provider_call_started_at, provider_task_id from jobs where id = $1 for update) old
+from (select id, submit_in_doubt from jobs where id = $1 for update) old
 where j.id = old.id and j.status in ('queued', 'submitting') and j.provider_task_id is null
-returning j.*, old.provider_call_started_at is null as first_call
+returning j.*, old.submit_in_doubt as was_in_doubt
 """
+
+# A definite answer (rejected, or refused before anything was created).
+SUBMIT_SETTLED = "update jobs set submit_in_doubt = false, last_error = $2, updated_at = now() where id = $1"
 
 # Save the provider's task id, the first thing after a submit. From
 # submitting (or uncertain, when an operator resolves it) the job becomes
@@ -268,11 +271,13 @@ returning j.*, old.provider_call_started_at is null as first_call
 SAVE_TASK = f"""
 with running as (
     update jobs set status = 'running', provider_task_id = $2, provider_operation = $3,
-        webhook_secret = $4, callback_registered = $5, last_error = null, updated_at = now()
+        webhook_secret = $4, callback_registered = $5, submit_in_doubt = false,
+        last_error = null, updated_at = now()
     where id = $1 and status = any($7::text[])
     returning id
 ), closed as (
-    update jobs set provider_task_id = $2, provider_operation = $3, updated_at = now()
+    update jobs set provider_task_id = $2, provider_operation = $3, submit_in_doubt = false,
+        updated_at = now()
     where id = $1 and status in ('succeeded', 'failed', 'cancelled', 'expired')
       and provider_task_id is null and not exists (select 1 from running)
     returning id
@@ -321,6 +326,10 @@ async def save_task(conn, job_id: str, *, task_id: str, operation: Any, webhook_
     if row["closed"]:
         return "closed"
     return "lost"
+
+
+async def submit_settled(conn, job_id: str, error: str | None) -> None:
+    await conn.execute(SUBMIT_SETTLED, job_id, error[:1000] if error else None)
 
 
 async def mark_uncertain(conn, job_id: str, reason: str) -> bool:

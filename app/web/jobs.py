@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response, Stream
 from app import ids
 from app.config import PROVIDERS
 from app.domain import jobs, states
+from app.storage import ObjectNotFound
 from app.web.auth import has_bearer, read_token_for, require_owner, token_allows
 from app.web.body import read_json_object
 from app.web.errors import ApiError, not_found
@@ -209,9 +210,13 @@ async def read_output(request: Request) -> Response:
     url = await storage.presigned_url(asset["storage_key"], 60)
     if url is not None:
         return RedirectResponse(url, status_code=302, headers=headers)
+    try:
+        stream = await storage.open_stream(asset["storage_key"])
+    except ObjectNotFound:
+        raise not_found("output") from None
     headers["Content-Length"] = str(asset["bytes"])
     headers["ETag"] = f'"{asset["sha256"]}"'
-    return StreamingResponse(storage.open_stream(asset["storage_key"]),
+    return StreamingResponse(stream,
                              media_type=asset["content_type"] or "application/octet-stream",
                              headers=headers)
 

@@ -1,0 +1,51 @@
+"""What the settler's steps share: settings, database pool, providers,
+storage, the secret box, metrics. Opened once per settler process."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+import asyncpg
+
+from app import db
+from app.config import Settings
+from app.download import DownloadPolicy
+from app.metrics import Metrics
+from app.providers import build_providers, close_providers
+from app.providers.base import Provider
+from app.signing.secretbox import SecretBox
+from app.storage import Storage, open_storage
+
+
+@dataclass
+class Context:
+    settings: Settings
+    pool: asyncpg.Pool
+    providers: dict[str, Provider]
+    storage: Storage
+    secretbox: SecretBox
+    metrics: Metrics
+    download_dir: str
+
+    @classmethod
+    async def open(cls, settings: Settings, *, pool_size: int = 10,
+                   provider_timeout_s: float = 30.0) -> "Context":
+        pool = await db.create_pool(settings.database_url, role="settler", min_size=1, max_size=pool_size)
+        download_dir = os.path.join(tempfile.gettempdir(), f"longcall-downloads-{os.getpid()}")
+        os.makedirs(download_dir, exist_ok=True)
+        return cls(settings=settings, pool=pool,
+                   providers=build_providers(settings, timeout_s=provider_timeout_s),
+                   storage=open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url),
+                   secretbox=SecretBox(settings.secret_keys), metrics=Metrics(),
+                   download_dir=download_dir)
+
+    def download_policy(self, provider: Provider) -> DownloadPolicy:
+        return DownloadPolicy(allowed_hosts=tuple(provider.facts.output_hosts),
+                              plain_http_origins=self.settings.plain_http_origins(),
+                              max_bytes=self.settings.max_output_bytes)
+
+    async def close(self) -> None:
+        await close_providers(self.providers)
+        await self.storage.aclose()
+        await self.pool.close()

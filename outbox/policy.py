@@ -1,0 +1,43 @@
+"""Pure decisions of the settler: backoff, attempt caps, when to look again.
+No I/O here; tests call these directly."""
+from __future__ import annotations
+
+import random
+
+from app.providers.base import ProviderFacts
+
+LEASE_S = 60.0  # a claim's lease; kept alive while the work runs
+LEASE_RENEW_EVERY_S = 20.0
+# Consecutive failed attempts (errors, not normal "ask later" waits) before
+# an intent gives up: the job then fails with a refund (settle_exhausted).
+MAX_ATTEMPTS = {"submit": 8, "settle": 10, "cancel": 5}
+NOT_YET_SUBMITTED_RETRY_S = 2.0  # settle asked before the task id is saved
+IN_DOUBT_FIND_ATTEMPTS = 3  # look an in-doubt submit up this often before `uncertain`
+
+
+def backoff(attempt: int, *, base_s: float = 1.0, cap_s: float = 300.0,
+            rng: random.Random | None = None) -> float:
+    """Exponential backoff with jitter: attempt 1 waits ~base, each next one
+    twice as long, capped; the delay is drawn from [half, full] so many
+    retries started together spread out."""
+    attempt = max(1, attempt)
+    full = min(cap_s, base_s * (2 ** min(attempt - 1, 30)))
+    return full * (0.5 + 0.5 * (rng or random).random())
+
+
+def exhausted(kind: str, attempts: int) -> bool:
+    return attempts > MAX_ATTEMPTS[kind]
+
+
+def next_check_delay(facts: ProviderFacts, *, callback_registered: bool, polls: int,
+                     seconds_to_deadline: float) -> float:
+    """When to ask the provider again about a running task: with a webhook
+    registered, only the lost-webhook check; without, the provider's poll
+    schedule. Never past the give-up deadline, so the deadline is a timer
+    too."""
+    delay = facts.stale_after_s if callback_registered else facts.poll_delay(polls)
+    return max(0.0, min(delay, seconds_to_deadline))
+
+
+def first_check_delay(facts: ProviderFacts, *, callback_registered: bool) -> float:
+    return facts.stale_after_s if callback_registered else facts.poll_delay(0)

@@ -1,0 +1,256 @@
+"""The drain loop (`longcall settler`): claims due intents and runs their
+steps — submit (outbox/submit.py), settle (outbox/settle.py, the one
+closer), cancel (outbox/cancel.py) — up to `concurrency` at once.
+
+It never polls: it LISTENs for intents that become due (or due sooner) and
+otherwise sleeps until the earliest `not_before` it knows of, or the next
+backstop sweep. Claims are leases (FOR UPDATE SKIP LOCKED), renewed while
+their work runs, so several settlers can run side by side and a crashed
+settler's claims come back when their leases end. No transaction is held
+across a provider call or a download.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import signal
+import time
+
+from app.config import Settings
+from app.db import OUTBOX_CHANNEL, connect
+from app.domain import jobs, states
+from app.metrics import INTENTS
+from outbox import intents, policy
+from outbox.cancel import cancel
+from outbox.context import Context
+from outbox.outcome import Done, Later, Outcome
+from outbox.settle import settle
+from outbox.submit import submit
+from outbox.sweep import sweep_once
+
+log = logging.getLogger("longcall.settler")
+
+STEPS = {"submit": submit, "settle": settle, "cancel": cancel}
+CLAIM_BATCH = 64
+SHUTDOWN_GRACE_S = 25.0
+
+
+def _epoch(value) -> float | None:
+    return value.timestamp() if isinstance(value, dt.datetime) else value
+
+
+class Settler:
+    def __init__(self, ctx: Context, concurrency: int, *, sweep_interval_s: float | None = None,
+                 lease_s: float = policy.LEASE_S):
+        self.ctx = ctx
+        self.concurrency = concurrency
+        self.lease_s = lease_s
+        self.sweep_interval_s = ctx.settings.sweep_interval_s if sweep_interval_s is None else sweep_interval_s
+        self.running: dict[int, tuple[intents.Intent, asyncio.Task]] = {}
+        self.wake = asyncio.Event()
+        self.due_now = True  # scan once at start
+        self.next_wake: float | None = None  # epoch seconds of the earliest known timer
+        self.stopping = False
+
+    # -- signals from elsewhere --------------------------------------------------
+    def _due(self) -> None:
+        self.due_now = True
+        self.wake.set()
+
+    def _timer(self, at: float | None) -> None:
+        if at is not None and (self.next_wake is None or at < self.next_wake):
+            self.next_wake = at
+            self.wake.set()
+
+    def _on_notify(self, _conn, _pid, _channel, payload: str) -> None:
+        if not payload:
+            self._due()
+        else:
+            with contextlib.suppress(ValueError):
+                self._timer(float(payload))
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+
+    # -- the loop ------------------------------------------------------------------
+    async def run(self) -> None:
+        listener = asyncio.create_task(self._listen())
+        leases = asyncio.create_task(self._keep_leases())
+        next_sweep = time.time() + (self.sweep_interval_s or 0)
+        try:
+            while not self.stopping:
+                try:
+                    now = time.time()
+                    if self.due_now or (self.next_wake is not None and now >= self.next_wake):
+                        await self._drain()
+                    if self.sweep_interval_s and time.time() >= next_sweep:
+                        report = await sweep_once(self.ctx.pool)
+                        next_sweep = time.time() + self.sweep_interval_s
+                        self.next_wake = _epoch(report.next_due)
+                        if report.queued_submit or report.queued_settle:
+                            self.due_now = True
+                        continue
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # database restarting, say: back off, rescan
+                    log.warning("drain loop error; retrying", extra={"error": type(e).__name__})
+                    self.due_now = True
+                    await asyncio.sleep(1.0)
+                    continue
+                await self._sleep(next_sweep if self.sweep_interval_s else None)
+        finally:
+            listener.cancel()
+            await self._shutdown()
+            leases.cancel()
+            for t in (listener, leases):
+                with contextlib.suppress(BaseException):
+                    await t
+
+    async def _sleep(self, next_sweep: float | None) -> None:
+        if self.due_now and len(self.running) < self.concurrency:
+            return
+        targets = [t for t in (self.next_wake, next_sweep) if t is not None]
+        timeout = max(0.0, min(targets) - time.time()) if targets else None
+        self.wake.clear()
+        if self.due_now and len(self.running) < self.concurrency:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), timeout)
+
+    async def _drain(self) -> None:
+        self.due_now = False
+        async with self.ctx.pool.acquire() as conn:
+            while not self.stopping:
+                free = self.concurrency - len(self.running)
+                if free <= 0:
+                    # Full: a finishing task sets due_now to claim more.
+                    self.due_now = True
+                    return
+                asked = min(free, CLAIM_BATCH)
+                batch = await intents.claim(conn, asked, self.lease_s)
+                for intent in batch:
+                    task = asyncio.create_task(self._handle(intent))
+                    self.running[intent.id] = (intent, task)
+                if len(batch) < asked:
+                    break
+            self.next_wake = _epoch(await intents.next_due(conn))
+
+    async def _handle(self, intent: intents.Intent) -> None:
+        outcome: Outcome
+        try:
+            if policy.exhausted(intent.kind, intent.attempts):
+                outcome = await self._exhaust(intent)
+            else:
+                outcome = await STEPS[intent.kind](self.ctx, intent.job_id, intent.attempts)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("step failed", extra={"job_id": intent.job_id, "intent": intent.kind})
+            outcome = Later(policy.backoff(intent.attempts), failed=True, reason=type(e).__name__)
+        try:
+            async with self.ctx.pool.acquire() as conn:
+                if isinstance(outcome, Done):
+                    if await intents.finish(conn, intent):
+                        self._due()  # asked again while we worked: run it again
+                else:
+                    row = await intents.retry(conn, intent, outcome.delay_s, failed=outcome.failed)
+                    if row is not None:
+                        if row["requested_meanwhile"]:
+                            self._due()
+                        else:
+                            self._timer(row["not_before"].timestamp())
+            INTENTS.labels(intent.kind, "done" if isinstance(outcome, Done) else
+                           ("retry" if outcome.failed else "wait")).inc()
+        except Exception as e:  # the lease will bring the intent back
+            log.warning("could not record an intent's outcome",
+                        extra={"job_id": intent.job_id, "intent": intent.kind, "error": type(e).__name__})
+        finally:
+            self.running.pop(intent.id, None)
+            # Claim again once a quarter of the slots are free (claims stay
+            # batched under load), or when the last one finished.
+            if self.concurrency - len(self.running) >= max(1, self.concurrency // 4) or not self.running:
+                self._due()
+
+    async def _exhaust(self, intent: intents.Intent) -> Outcome:
+        """An intent that failed too often: its job fails with a refund
+        (never a silent drop). A cancel intent is simply dropped."""
+        if intent.kind == "cancel":
+            return Done()
+        async with self.ctx.pool.acquire() as conn:
+            job = await jobs.load(conn, intent.job_id)
+            closed = await jobs.close(conn, intent.job_id, states.FAILED, error_code=states.SETTLE_EXHAUSTED,
+                                      error_message=(f"gave up after {intent.attempts - 1} failed {intent.kind} "
+                                                     f"attempts: {(job['last_error'] if job else None) or 'errors'}"),
+                                      cancel_at_provider=True)
+        if closed is not None and job is not None:
+            self.ctx.metrics.job_finished(job["provider"], states.FAILED, closed)
+        log.warning("intent exhausted", extra={"job_id": intent.job_id, "intent": intent.kind})
+        return Done()
+
+    async def _listen(self) -> None:
+        while True:
+            conn = None
+            try:
+                conn = await connect(self.ctx.settings.database_url, role="settler-listen")
+                closed = asyncio.Event()
+                conn.add_termination_listener(lambda _c: closed.set())
+                await conn.add_listener(OUTBOX_CHANNEL, self._on_notify)
+                self._due()  # anything that became due while we were not listening
+                await closed.wait()
+            except asyncio.CancelledError:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.close(), 2)
+                raise
+            except Exception as e:
+                log.warning("outbox listener down; reconnecting", extra={"error": type(e).__name__})
+            await asyncio.sleep(1.0)
+
+    async def _keep_leases(self) -> None:
+        while True:
+            await asyncio.sleep(policy.LEASE_RENEW_EVERY_S)
+            ids = list(self.running)
+            if not ids:
+                continue
+            with contextlib.suppress(Exception):
+                await self.ctx.pool.execute(
+                    "update outbox set claimed_until = now() + make_interval(secs => $2) "
+                    "where id = any($1::bigint[]) and claimed_until is not null", ids, float(self.lease_s))
+
+    async def _shutdown(self) -> None:
+        if not self.running:
+            return
+        tasks = [t for _, t in self.running.values()]
+        done, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
+        held = [intent for intent, t in self.running.values() if t in pending]
+        for t in pending:
+            t.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*pending, return_exceptions=True)
+        if held:
+            with contextlib.suppress(Exception):
+                async with self.ctx.pool.acquire() as conn:
+                    for intent in held:
+                        await intents.release(conn, intent)
+
+
+async def run_settler(settings: Settings, *, concurrency: int = 16, metrics_port: int | None = None) -> int:
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)
+    ctx = await Context.open(settings, pool_size=min(concurrency + 4, 50))
+    settler = Settler(ctx, concurrency)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, settler.stop)
+    log.info("settler started", extra={"concurrency": concurrency})
+    try:
+        await settler.run()
+    finally:
+        await ctx.close()
+    log.info("settler stopped")
+    return 0

@@ -1,0 +1,94 @@
+"""The backstop sweep: only a safety net, every SWEEP_INTERVAL_S (300 s).
+
+Every in-flight job normally has an open intent (its submit, or its settle
+timer). One indexed query over the in-flight jobs finds those that have none
+(a bug, a manual edit, a lost row) and gives them one; an `uncertain` job
+past its give-up deadline is expired with a refund. With nothing in flight it
+costs one probe of a small partial index, and it also tells the settler when
+its next timer is due.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from app.config import Settings
+from app.domain import jobs, states
+from app.metrics import SWEEP_FOUND, SWEEPS
+from outbox import intents
+
+log = logging.getLogger("longcall.sweep")
+
+# The partial index jobs_in_flight covers the status filter; the NOT EXISTS
+# probes the outbox's (job_id, kind) unique index.
+PROBE = """
+with found as (
+    select j.id, j.status from jobs j
+    where j.status in ('queued', 'submitting', 'running', 'uncertain')
+      and case when j.status = 'uncertain' then j.deadline_at <= now()
+               else not exists (select 1 from outbox o
+                                where o.job_id = j.id and o.kind in ('submit', 'settle')) end
+    limit $1
+)
+select (select min(not_before) from outbox) as next_due,
+       array(select id from found) as ids, array(select status from found) as statuses
+"""
+BATCH = 1000
+
+
+@dataclass
+class SweepReport:
+    queued_submit: list[str] = field(default_factory=list)
+    queued_settle: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    next_due: object = None
+
+    def summary(self) -> str:
+        return (f"sweep: {len(self.queued_submit)} submit and {len(self.queued_settle)} settle intents "
+                f"queued for jobs that had none, {len(self.expired)} uncertain jobs expired")
+
+
+async def sweep_once(pool) -> SweepReport:
+    report = SweepReport()
+    SWEEPS.inc()
+    probe = await pool.fetchrow(PROBE, BATCH)
+    report.next_due = probe["next_due"]
+    if not probe["ids"]:
+        return report
+    async with pool.acquire() as conn:
+        for job_id, status in zip(probe["ids"], probe["statuses"]):
+            if status == states.UNCERTAIN:
+                closed = await jobs.close(conn, job_id, states.EXPIRED, error_code=states.GIVE_UP,
+                                          error_message="gave up on an uncertain submit",
+                                          cancel_at_provider=True)
+                if closed:
+                    report.expired.append(job_id)
+            elif status in (states.QUEUED, states.SUBMITTING):
+                # A submitting job without its intent was abandoned mid-submit:
+                # the submit step sees the call in doubt and looks it up.
+                await intents.request(conn, job_id, "submit")
+                report.queued_submit.append(job_id)
+            else:
+                await intents.request(conn, job_id, "settle")
+                report.queued_settle.append(job_id)
+    SWEEP_FOUND.labels("missing_submit").inc(len(report.queued_submit))
+    SWEEP_FOUND.labels("missing_settle").inc(len(report.queued_settle))
+    SWEEP_FOUND.labels("uncertain_expired").inc(len(report.expired))
+    log.info(report.summary())
+    return report
+
+
+async def sweep_once_command(settings: Settings) -> int:
+    from app import db
+
+    pool = await db.create_pool(settings.database_url, role="sweep", min_size=1, max_size=2)
+    try:
+        report = await sweep_once(pool)
+    finally:
+        await pool.close()
+    print(report.summary())
+    for label, ids in (("submit", report.queued_submit), ("settle", report.queued_settle),
+                       ("expired", report.expired)):
+        for job_id in ids:
+            print(f"  {label}: {job_id}")
+    return 0

@@ -1,0 +1,85 @@
+"""Fixtures for the settler: the simulator (a real HTTP server in its own
+process), settlers running in-process on the test's event loop, and helpers
+to wait for a job to reach a state."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from outbox.context import Context
+from outbox.settler import Settler
+from tests.support.simulator import RunningSimulator
+
+
+@pytest.fixture(scope="session")
+def sim_server():
+    with RunningSimulator() as sim:
+        yield sim
+
+
+@pytest.fixture
+def sim(sim_server):
+    httpx.post(f"{sim_server.url}/_sim/reset", timeout=5)
+    yield sim_server
+    httpx.delete(f"{sim_server.url}/_sim/faults", timeout=5)
+
+
+@pytest.fixture
+async def start_settler():
+    started = []
+
+    async def start(settings, *, concurrency: int = 8, sweep_interval_s: float = 0,
+                    provider_timeout_s: float = 2.0) -> Settler:
+        ctx = await Context.open(settings, provider_timeout_s=provider_timeout_s)
+        settler = Settler(ctx, concurrency, sweep_interval_s=sweep_interval_s)
+        task = asyncio.create_task(settler.run())
+        started.append((settler, task, ctx))
+        return settler
+
+    yield start
+    for settler, task, ctx in started:
+        settler.stop()
+        await asyncio.wait_for(task, 30)
+        await ctx.close()
+
+
+async def wait_for_status(pool, job_id: str, statuses, timeout: float = 20.0) -> dict:
+    statuses = (statuses,) if isinstance(statuses, str) else tuple(statuses)
+    deadline = time.monotonic() + timeout
+    while True:
+        row = await pool.fetchrow("select * from jobs where id = $1", job_id)
+        if row["status"] in statuses:
+            return dict(row)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} is {row['status']} (last_error={row['last_error']!r}), "
+                                 f"not {statuses} after {timeout}s")
+        await asyncio.sleep(0.05)
+
+
+async def assert_money_balances(pool) -> None:
+    """DESIGN.md's money invariants, from the database."""
+    bad = await pool.fetch("""
+        select j.id from jobs j
+        where (j.status in ('succeeded', 'failed', 'cancelled', 'expired')
+               and j.credits_charged + j.credits_refunded <> j.credits_reserved)
+           or (j.status not in ('succeeded', 'failed', 'cancelled', 'expired')
+               and (j.credits_charged <> 0 or j.credits_refunded <> 0))
+           or coalesce((select sum(amount) from ledger l where l.job_id = j.id and kind = 'charge'), 0) <> j.credits_charged
+           or coalesce((select sum(amount) from ledger l where l.job_id = j.id and kind = 'refund'), 0) <> j.credits_refunded""")
+    assert not bad, f"jobs whose money does not add up: {[r['id'] for r in bad]}"
+    owners = await pool.fetch("""
+        select o.id, o.granted, o.balance, o.reserved, o.charged, o.active,
+          (select coalesce(sum(credits_reserved), 0) from jobs where owner_id = o.id
+             and status in ('queued', 'submitting', 'running', 'uncertain')) as in_flight_reserved,
+          (select coalesce(sum(credits_charged), 0) from jobs where owner_id = o.id) as jobs_charged,
+          (select count(*) from jobs where owner_id = o.id
+             and status in ('queued', 'submitting', 'running', 'uncertain')) as in_flight
+        from owners o""")
+    for o in owners:
+        assert o["granted"] == o["balance"] + o["reserved"] + o["charged"], dict(o)
+        assert o["reserved"] == o["in_flight_reserved"], dict(o)
+        assert o["charged"] == o["jobs_charged"], dict(o)
+        assert o["active"] == o["in_flight"], dict(o)
