@@ -22,7 +22,7 @@ import time
 
 from app.domain import jobs, states
 from app.metrics import DOWNLOAD_BYTES, SETTLE_SECONDS
-from app.download import DownloadError, OutputTooLarge, download_to_file
+from app.download import DownloadError, OutputTooLarge, Refused, download_to_file
 from app.providers.base import Observation, ProviderError, Task, TaskState
 from app.storage import object_key
 from outbox import policy
@@ -87,7 +87,11 @@ async def _succeed(ctx: Context, job, provider, seen: Observation, attempts: int
                 got = await download_to_file(url, policy_, ctx.download_dir)
             except OutputTooLarge as e:
                 return await _close(ctx, job, states.FAILED, error_code=states.OUTPUT_TOO_LARGE,
-                                    error_message=str(e), cancel=False)
+                                    error_message=str(e))
+            except Refused as e:
+                # Policy, not luck: asking again can never succeed.
+                return await _close(ctx, job, states.FAILED, error_code=states.OUTPUT_REFUSED,
+                                    error_message=str(e))
             except DownloadError as e:
                 return Later(policy.backoff(attempts), failed=True, reason=f"download {index}: {e}")
             downloaded.append(got)

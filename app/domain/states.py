@@ -23,6 +23,7 @@ SUBMIT_REJECTED = "submit_rejected"
 SETTLE_EXHAUSTED = "settle_exhausted"
 GIVE_UP = "give_up"
 OUTPUT_TOO_LARGE = "output_too_large"
+OUTPUT_REFUSED = "output_refused"  # the URL broke the download policy (host, address)
 RESOLVED_FAILED = "resolved_failed"
 
 

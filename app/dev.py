@@ -1,0 +1,220 @@
+"""`longcall dev` (what `make dev` runs): everything on one machine.
+
+An embedded PostgreSQL under .longcall/ (unless DATABASE_URL is set), the
+migrations, the provider simulator, the web server and a settler; then a demo
+owner and a small batch of demo jobs with a progress display; then it keeps
+serving until Ctrl-C. Providers with no key of their own (Replicate, fal,
+KIE) are pointed at the simulator's emulation of their wire protocol.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from app.config import DEFAULT_SIM_URL, load_settings
+
+STATE_DIR = Path(".longcall")
+DEMO_JOBS = [
+    {"provider": "sim", "model": "image-fast", "input": {"prompt": "a lighthouse", "duration_s": 1.0}},
+    {"provider": "sim", "model": "video-slow", "input": {"prompt": "waves", "duration_s": 3.0,
+                                                          "outputs": 2, "output_bytes": 200_000, "cost": 4}},
+    {"provider": "sim", "model": "image-fast", "input": {"prompt": "will fail", "outcome": "failed"}},
+    {"provider": "replicate", "model": "black-forest-labs/flux-schnell", "input": {"prompt": "a fox", "duration_s": 1.5}},
+    {"provider": "fal", "model": "fal-ai/flux/dev", "input": {"prompt": "a heron", "duration_s": 1.5}},
+    {"provider": "kie", "model": "veo3_fast", "input": {"prompt": "rain", "duration_s": 2.0}},
+]
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.3)
+        return s.connect_ex((host, port)) == 0
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _prepare_environment():
+    """Fill in what a local run may lack, in os.environ so that every
+    process started from here sees the same settings."""
+    STATE_DIR.mkdir(exist_ok=True)
+    pg = None
+    if not os.environ.get("SECRET_KEY"):
+        key_file = STATE_DIR / "secret_key"
+        if not key_file.exists():
+            key_file.write_text(secrets.token_urlsafe(32))
+            key_file.chmod(0o600)
+        os.environ["SECRET_KEY"] = key_file.read_text().strip()
+    if not os.environ.get("DATABASE_URL"):
+        from app.embedded import EmbeddedPostgres
+
+        _say("starting the embedded PostgreSQL (data in .longcall/pg) ...")
+        pg = EmbeddedPostgres(STATE_DIR / "pg").start()
+        os.environ["DATABASE_URL"] = pg.url
+    os.environ.setdefault("STORAGE_URL", "file://" + str((STATE_DIR / "objects").resolve()))
+    sim_url = os.environ.setdefault("SIM_URL", DEFAULT_SIM_URL).rstrip("/")
+    for provider, key_var, base_var in (("replicate", "REPLICATE_API_TOKEN", "REPLICATE_BASE_URL"),
+                                        ("fal", "FAL_KEY", "FAL_BASE_URL"),
+                                        ("kie", "KIE_API_KEY", "KIE_BASE_URL")):
+        if not os.environ.get(key_var):
+            os.environ[key_var] = "simulated"
+            os.environ[base_var] = f"{sim_url}/{provider}"
+            if provider == "fal":
+                os.environ["FAL_JWKS_URL"] = f"{sim_url}/fal/.well-known/jwks.json"
+    return pg
+
+
+def _start_simulator(sim_url: str) -> subprocess.Popen | None:
+    parts = urlsplit(sim_url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    if _port_open(host, port):
+        _say(f"using the simulator already running at {sim_url}")
+        return None
+    proc = subprocess.Popen([sys.executable, "-m", "app.simulator", "--host", host, "--port", str(port)],
+                            stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while not _port_open(host, port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"longcall: the simulator did not start on {sim_url}")
+        time.sleep(0.05)
+    return proc
+
+
+async def _demo_owner(settings) -> tuple[str, str]:
+    from app import db
+    from app.domain import owners
+
+    saved = STATE_DIR / "demo.json"
+    conn = await db.connect(settings.database_url, role="dev")
+    try:
+        if saved.exists():
+            demo = json.loads(saved.read_text())
+            if await owners.authenticate(conn, demo["api_key"]) == demo["owner_id"]:
+                await owners.grant(conn, demo["owner_id"], 100)
+                return demo["owner_id"], demo["api_key"]
+        new = await owners.create_owner(conn, "demo", credits=1000, max_active=20)
+    finally:
+        await conn.close()
+    saved.write_text(json.dumps({"owner_id": new.owner_id, "api_key": new.api_key}))
+    saved.chmod(0o600)
+    return new.owner_id, new.api_key
+
+
+async def _run_demo(base_url: str, api_key: str) -> None:
+    headers = {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=10) as client:
+        ids = []
+        for spec in DEMO_JOBS:
+            r = await client.post("/v1/jobs", json={**spec, "max_credits": 10})
+            r.raise_for_status()
+            ids.append((spec["provider"], r.json()["id"]))
+        _say(f"submitted {len(ids)} demo jobs (sim, replicate, fal and kie through the simulator):")
+        last = None
+        deadline = time.monotonic() + 90
+        while True:
+            jobs = [(await client.get(f"/v1/jobs/{job_id}")).json() for _, job_id in ids]
+            line = "  " + "  ".join(f"{p}:{j['status']}" for (p, _), j in zip(ids, jobs))
+            if line != last:
+                _say(line)
+                last = line
+            if all(j["status"] in ("succeeded", "failed", "cancelled", "expired") for j in jobs) \
+                    or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        for j in jobs:
+            outs = ", ".join(f"{o['url']} ({o['bytes']} bytes)" for o in j["outputs"]) or "-"
+            err = f"  error: {j['error']['code']}" if j["error"] else ""
+            _say(f"  {j['id']} {j['provider']:<9} {j['status']:<9} charged {j['credits']['charged']}"
+                 f"  outputs: {outs}{err}")
+
+
+async def _serve(settings, port: int) -> None:
+    import uvicorn
+
+    from app.web import create_app
+    from outbox.context import Context
+    from outbox.settler import Settler
+
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False, lifespan="on"))
+    server.install_signal_handlers = lambda: None  # we handle Ctrl-C below
+    web_task = asyncio.create_task(server.serve())
+    ctx = await Context.open(settings)
+    settler = Settler(ctx, concurrency=16)
+    settler_task = asyncio.create_task(settler.run())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    while not server.started:
+        if web_task.done():
+            web_task.result()
+            raise SystemExit(f"longcall: the web server could not start on port {port}")
+        await asyncio.sleep(0.05)
+    base_url = f"http://127.0.0.1:{port}"
+    owner_id, api_key = await _demo_owner(settings)
+    demo = asyncio.create_task(_run_demo(base_url, api_key))
+    await asyncio.wait([demo, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    if demo.done() and demo.exception() is None:
+        webhooks = (f"webhooks go to {settings.public_url}" if settings.public_url else
+                    f"no PUBLIC_URL: jobs close through reads and timers (try PUBLIC_URL={base_url} make dev)")
+        _say(f"""
+longcall is running at {base_url}   ({webhooks})
+demo owner {owner_id}, API key: {api_key}
+
+  curl -s -X POST {base_url}/v1/jobs -H 'Authorization: Bearer {api_key}' \\
+       -H 'Content-Type: application/json' \\
+       -d '{{"provider": "sim", "model": "image-fast", "input": {{"duration_s": 2}}, "max_credits": 10}}'
+
+Ctrl-C to stop.""")
+    elif demo.done():
+        _say(f"longcall: the demo failed: {type(demo.exception()).__name__}: {demo.exception()}")
+    await stop.wait()
+    demo.cancel()
+    settler.stop()
+    await settler_task
+    await ctx.close()
+    server.should_exit = True
+    await web_task
+
+
+def run_dev() -> int:
+    pg = _prepare_environment()
+    try:
+        return _run(load_settings(dev=True))
+    finally:
+        if pg is not None:
+            pg.stop()
+
+
+def _run(settings) -> int:
+    from app.logs import configure_logging
+    from app.migrate import migrate
+
+    configure_logging("WARNING")
+    applied = asyncio.run(migrate(settings.database_url))
+    if applied:
+        _say(f"applied {len(applied)} migration(s)")
+    sim = _start_simulator(settings.sim_url)
+    try:
+        asyncio.run(_serve(settings, settings.port))
+    finally:
+        if sim is not None:
+            sim.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sim.wait(5)
+    return 0

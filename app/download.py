@@ -1,0 +1,355 @@
+"""Bounded, SSRF-safe downloads of provider output URLs.
+
+Output URLs come from providers and are untrusted: a compromised or confused
+provider could point us at our own cloud metadata service, a database on the
+private network, or an endless stream. So every hop is checked (scheme, host
+allowlist, no userinfo, sane port), its name is resolved once and every
+address must be global, and the connection goes to that very address (with
+the Host header and TLS verification still on the real name) so the answer
+cannot change between the check and the connect. Redirects are followed by
+hand and re-checked. The byte cap is enforced on the stream itself.
+
+Messages never carry a URL's path or query string: output URLs often carry
+signed tokens, and these messages end up in job errors and logs.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ipaddress
+import os
+import re
+import socket
+import ssl
+import tempfile
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import httpx
+
+CHUNK_BYTES = 1024 * 1024  # writes are batched to this size; memory stays near it
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_HOST_LABELS = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*$")
+# NAT64 prefixes embed an IPv4 address that a NAT64 gateway would reach for us.
+_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
+
+# Takes (host, port), returns the IP addresses the host resolves to.
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+class DownloadError(Exception):
+    """The output could not be fetched. The message is safe to store and log."""
+
+
+class OutputTooLarge(DownloadError):
+    """The output is larger than the byte cap."""
+
+
+class Refused(DownloadError):
+    """Policy refused the URL (scheme, host, address, redirects); nothing was fetched from it."""
+
+
+@dataclass(frozen=True)
+class DownloadPolicy:
+    allowed_hosts: tuple[str, ...]  # exact host names, or ".suffix" for any subdomain of suffix
+    plain_http_origins: frozenset[str]  # exact "http://host:port" origins allowed over plain http
+    max_bytes: int
+    connect_timeout_s: float = 10
+    read_timeout_s: float = 60
+    total_timeout_s: float = 600
+    max_redirects: int = 3
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    path: str  # a file in the directory given; the caller owns it (moves or deletes it)
+    bytes: int
+    sha256: str
+    content_type: str | None
+
+
+def describe(url: httpx.URL | str) -> str:
+    """scheme://host[:port] only: paths and query strings may carry tokens."""
+    try:
+        url = httpx.URL(url) if isinstance(url, str) else url
+        netloc = url.netloc.decode("ascii", "replace")
+        return f"{url.scheme}://{netloc}" if netloc else "an invalid URL"
+    except Exception:
+        return "an invalid URL"
+
+
+def origin(url: httpx.URL) -> str:
+    """Same shape as app.config.origin_of: scheme://host:port, port explicit."""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return f"{url.scheme}://{url.host}:{port}"
+
+
+def host_allowed(host: str, allowed_hosts: tuple[str, ...]) -> bool:
+    host = host.lower()
+    for allowed in allowed_hosts:
+        allowed = allowed.lower()
+        if allowed.startswith("."):
+            if host.endswith(allowed) and len(host) > len(allowed):
+                return True
+        elif host == allowed:
+            return True
+    return False
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _parse_checked(url: str, policy: DownloadPolicy) -> httpx.URL:
+    try:
+        parsed = httpx.URL(url)
+    except Exception:
+        raise Refused("refused: not a valid URL") from None
+    scheme = parsed.scheme
+    if scheme not in ("https", "http"):
+        raise Refused(f"refused: scheme {scheme[:16]!r} is not allowed")
+    if parsed.userinfo:
+        raise Refused("refused: credentials in the URL")
+    raw_host = parsed.raw_host.decode("ascii", "replace").lower()
+    host = raw_host[1:-1] if raw_host.startswith("[") else raw_host
+    if not raw_host or not (_HOST_LABELS.match(raw_host) or _is_ip_literal(host)):
+        raise Refused("refused: not a valid host name")
+    port = parsed.port
+    if port is not None and not 1 <= port <= 65535:
+        raise Refused("refused: invalid port")
+    is_plain_origin = origin(parsed) in policy.plain_http_origins
+    if scheme == "http" and not is_plain_origin:
+        raise Refused(f"refused: plain http is not allowed for {describe(parsed)}")
+    if not is_plain_origin and not host_allowed(host, policy.allowed_hosts):
+        raise Refused(f"refused: host {host!r} is not in the provider's allowlist")
+    return parsed
+
+
+def check_url(url: str, policy: DownloadPolicy) -> None:
+    """Raise Refused unless the URL may be fetched under the policy (no I/O)."""
+    _parse_checked(url, policy)
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if any(ip in net for net in _NAT64):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    # IPv4-compatible (::a.b.c.d, deprecated) still routes to the IPv4 host on some stacks.
+    if int(ip) >> 32 == 0 and int(ip) > 1:
+        return ipaddress.IPv4Address(int(ip))
+    return None
+
+
+def is_public_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """True only for globally routable unicast addresses (and IPv6 forms that
+    embed an IPv4 address only when that address is public too)."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.scope_id:
+            return False
+        embedded = _embedded_ipv4(ip)
+        if embedded is not None:
+            return is_public_address(embedded)
+        if ip.is_site_local:
+            return False
+    return (
+        ip.is_global
+        and not ip.is_multicast
+        and not ip.is_private
+        and not ip.is_loopback
+        and not ip.is_link_local
+        and not ip.is_reserved
+        and not ip.is_unspecified
+    )
+
+
+def _is_loopback(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    return [str(info[4][0]) for info in infos]
+
+
+async def _resolve_checked(url: httpx.URL, policy: DownloadPolicy, resolve: Resolver) -> list[str]:
+    """Resolve once; every address must be public (or loopback, for an
+    origin the configuration allows over plain http: the local simulator)."""
+    loopback_ok = origin(url) in policy.plain_http_origins
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        async with asyncio.timeout(policy.connect_timeout_s):
+            answers = await resolve(url.host, port)
+    except TimeoutError:
+        raise DownloadError(f"DNS lookup timed out for {describe(url)}") from None
+    except (OSError, UnicodeError):
+        raise DownloadError(f"could not resolve {describe(url)}") from None
+    addresses: list[str] = []
+    for answer in answers:
+        try:
+            ip = ipaddress.ip_address(answer)
+        except ValueError:
+            raise Refused(f"refused: {describe(url)} resolved to something that is not an address") from None
+        if not (is_public_address(ip) or (loopback_ok and _is_loopback(ip))):
+            raise Refused(f"refused: {describe(url)} resolves to a non-public address ({ip})")
+        if answer not in addresses:
+            addresses.append(answer)
+    if not addresses:
+        raise DownloadError(f"could not resolve {describe(url)}")
+    return addresses
+
+
+def pinned_request(client: httpx.AsyncClient, url: httpx.URL, ip: str) -> httpx.Request:
+    """A GET that connects to `ip` while speaking to `url`'s host: the Host
+    header names the host and TLS sends it as SNI and verifies the
+    certificate against it (httpcore's `sni_hostname` extension)."""
+    return client.build_request(
+        "GET",
+        url.copy_with(host=ip),
+        headers={"Host": url.netloc.decode("ascii"), "Accept-Encoding": "identity"},
+        extensions={"sni_hostname": url.raw_host.decode("ascii")},
+    )
+
+
+_ssl_context: ssl.SSLContext | None = None
+
+
+def _default_ssl_context() -> ssl.SSLContext:
+    # Built once: loading the CA bundle is the slow part of making a client.
+    global _ssl_context
+    if _ssl_context is None:
+        _ssl_context = httpx.create_ssl_context()
+    return _ssl_context
+
+
+async def _open(client: httpx.AsyncClient, url: httpx.URL, addresses: list[str]) -> httpx.Response:
+    for ip in addresses:
+        try:
+            return await client.send(pinned_request(client, url, ip), stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            continue  # next address of the same checked answer
+        except httpx.TimeoutException:
+            raise DownloadError(f"timed out waiting for {describe(url)}") from None
+        except httpx.HTTPError as exc:
+            raise DownloadError(f"request to {describe(url)} failed ({type(exc).__name__})") from None
+    raise DownloadError(f"could not connect to {describe(url)}")
+
+
+def _content_type(response: httpx.Response) -> str | None:
+    value = response.headers.get("content-type", "").strip()
+    return value[:255] or None
+
+
+async def _stream_to(response: httpx.Response, url: httpx.URL, policy: DownloadPolicy,
+                     file, digest) -> int:
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > policy.max_bytes:
+        raise OutputTooLarge(f"output is larger than the {policy.max_bytes} byte cap")
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # We asked for identity; decoding here could turn a small body into a huge one.
+        raise DownloadError(f"{describe(url)} sent an encoded body ({encoding[:32]})")
+
+    def write(data: bytes) -> None:
+        digest.update(data)
+        file.write(data)
+
+    total = 0
+    pending = bytearray()
+    try:
+        async for piece in response.aiter_raw():
+            total += len(piece)
+            if total > policy.max_bytes:
+                raise OutputTooLarge(f"output is larger than the {policy.max_bytes} byte cap")
+            pending += piece
+            if len(pending) >= CHUNK_BYTES:
+                await asyncio.to_thread(write, bytes(pending))
+                pending.clear()
+    except httpx.TimeoutException:
+        raise DownloadError(f"timed out reading from {describe(url)}") from None
+    except httpx.HTTPError as exc:
+        raise DownloadError(f"reading from {describe(url)} failed ({type(exc).__name__})") from None
+    if pending:
+        await asyncio.to_thread(write, bytes(pending))
+    return total
+
+
+async def _download(url: str, policy: DownloadPolicy, file, digest,
+                    resolve: Resolver, verify: ssl.SSLContext) -> str | None:
+    timeout = httpx.Timeout(connect=policy.connect_timeout_s, read=policy.read_timeout_s,
+                            write=policy.read_timeout_s, pool=policy.connect_timeout_s)
+    # trust_env=False: a proxy from the environment would undo the address pinning.
+    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False,
+                                 verify=verify) as client:
+        current = _parse_checked(url, policy)
+        redirects = 0
+        while True:
+            addresses = await _resolve_checked(current, policy, resolve)
+            response = await _open(client, current, addresses)
+            try:
+                if response.status_code in REDIRECT_STATUSES:
+                    location = response.headers.get("location")
+                    if not location:
+                        raise DownloadError(f"{describe(current)} answered a redirect without a Location")
+                    redirects += 1
+                    if redirects > policy.max_redirects:
+                        raise Refused(f"refused: more than {policy.max_redirects} redirects")
+                    try:
+                        target = current.join(location)
+                    except Exception:
+                        raise Refused("refused: redirect to an invalid URL") from None
+                    current = _parse_checked(str(target), policy)
+                    continue
+                if not 200 <= response.status_code < 300:
+                    raise DownloadError(f"HTTP {response.status_code} from {describe(current)}")
+                await _stream_to(response, current, policy, file, digest)
+                return _content_type(response)
+            finally:
+                await response.aclose()
+
+
+async def download_to_file(url: str, policy: DownloadPolicy, directory: str, *,
+                           resolve: Resolver = system_resolver,
+                           verify: ssl.SSLContext | None = None) -> Downloaded:
+    """Fetch `url` under `policy` into a new file in `directory`.
+
+    `resolve` and `verify` exist for tests (a fake DNS answer, a test CA);
+    production code passes neither.
+    """
+    digest = hashlib.sha256()
+    try:
+        fd, path = tempfile.mkstemp(prefix=".download-", suffix=".part", dir=directory)
+    except OSError as exc:
+        raise DownloadError(f"could not create a file for the download ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, "wb") as file:
+            async with asyncio.timeout(policy.total_timeout_s):
+                content_type = await _download(url, policy, file, digest, resolve,
+                                               verify or _default_ssl_context())
+        size = os.path.getsize(path)
+        return Downloaded(path=path, bytes=size, sha256=digest.hexdigest(), content_type=content_type)
+    except TimeoutError:
+        _remove(path)
+        raise DownloadError(f"download from {describe(url)} took longer than {policy.total_timeout_s:g} s") from None
+    except OSError as exc:  # the disk, not the network: full, gone, read-only
+        _remove(path)
+        raise DownloadError(f"could not write the download ({exc.strerror})") from None
+    except BaseException:
+        _remove(path)
+        raise
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

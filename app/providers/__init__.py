@@ -1,0 +1,50 @@
+"""Provider adapters, built from the settings.
+
+Everything else talks to providers through `app.providers.base` and the
+dict `build_providers` returns, keyed by provider name.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.providers.base import Provider
+
+if TYPE_CHECKING:
+    from app.config import Settings
+
+KNOWN_PROVIDERS = ("sim", "replicate", "fal", "kie")
+
+
+def build_providers(settings: "Settings", *, timeout_s: float = 30.0) -> dict[str, Provider]:
+    """One adapter per known provider, each with its own HTTP client (close
+    them with `close_providers`)."""
+    # Imported here so that importing `app.providers.base` stays light.
+    from app.providers.fal import FalProvider
+    from app.providers.kie import KieProvider
+    from app.providers.replicate import ReplicateProvider
+    from app.providers.sim import SimProvider
+
+    return {
+        "sim": SimProvider(settings.sim_url, timeout_s=timeout_s),
+        "replicate": ReplicateProvider(
+            settings.replicate_base_url,
+            settings.replicate_api_token,
+            webhook_secret=settings.replicate_webhook_secret,
+            timeout_s=timeout_s,
+        ),
+        "fal": FalProvider(
+            settings.fal_base_url, settings.fal_key, jwks_url=settings.fal_jwks_url, timeout_s=timeout_s
+        ),
+        "kie": KieProvider(
+            settings.kie_base_url, settings.kie_api_key,
+            secret_keys=settings.secret_keys, timeout_s=timeout_s,
+        ),
+    }
+
+
+async def close_providers(providers: dict[str, Provider]) -> None:
+    for provider in providers.values():
+        try:
+            await provider.aclose()
+        except Exception:
+            pass

@@ -1,0 +1,269 @@
+"""fal's queue API (https://docs.fal.ai/model-endpoints/queue).
+
+Submit answers with the request id and the URLs to ask about it later; we
+keep those (only when they point at the configured base URL, since our key
+goes with them) in `Submitted.operation`. A COMPLETED request's outcome is
+read from its response URL. Webhooks are Ed25519-signed with keys from
+fal's JWKS.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any, Mapping
+from urllib.parse import quote
+
+import httpx
+
+from app.providers.base import (
+    Observation,
+    Provider,
+    ProviderFacts,
+    Rejected,
+    Submitted,
+    SubmitRequest,
+    Task,
+    TaskState,
+    Transient,
+    Uncertain,
+    WebhookRequest,
+)
+from app.providers.http import (
+    Clients,
+    collect_urls,
+    error_detail,
+    host_of,
+    json_body,
+    json_object,
+    read_call,
+    reason_text,
+    same_origin,
+    submit_call,
+)
+from app.signing.webhooks import jwks_public_keys, verify_fal
+
+NAME = "fal"
+
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+_MODEL_RE = re.compile(rf"{_SEGMENT}(/{_SEGMENT})*")
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_OPERATION_KEYS = ("status_url", "response_url", "cancel_url")
+# JWKS: refetched on a verification failure at most this often, and at
+# least this often anyway (fal asks clients to cache for up to a day).
+JWKS_REFRESH_S = 60.0
+JWKS_MAX_AGE_S = 24 * 3600.0
+_RUNNING = {"IN_QUEUE", "IN_PROGRESS"}
+_CANCELLED_TYPES = {"client_cancelled"}
+# fal's request error types that end a request (after its own retries).
+_REQUEST_FAILURE_TYPES = {
+    "request_timeout", "startup_timeout", "runner_scheduling_failure", "runner_connection_timeout",
+    "runner_disconnected", "runner_connection_refused", "runner_connection_error",
+    "runner_incomplete_response", "runner_server_error",
+}
+
+
+def app_id(model: str) -> str:
+    """The queue's app path for a model id (pure): the subpath of
+    `fal-ai/flux/dev` is used to submit, but not to address the request."""
+    if not isinstance(model, str) or not _MODEL_RE.fullmatch(model) or ".." in model:
+        raise Rejected(f"{NAME}: model must be a fal model id like fal-ai/flux/dev")
+    parts = model.split("/")
+    return "/".join(parts[:2])
+
+
+def documented_urls(base_url: str, model: str, request_id: str) -> dict[str, str]:
+    """The status / response / cancel URLs fal documents for a request."""
+    root = f"{base_url}/{app_id(model)}/requests/{quote(request_id, safe='')}"
+    return {"status_url": f"{root}/status", "response_url": root, "cancel_url": f"{root}/cancel"}
+
+
+def operation_urls(base_url: str, model: str, request_id: str, answer: Mapping[str, Any]) -> dict[str, str]:
+    """The URLs to keep for a request: the ones fal gave when they are on
+    our base URL's origin, else the documented pattern (pure)."""
+    urls = documented_urls(base_url, model, request_id)
+    for key in _OPERATION_KEYS:
+        given = answer.get(key)
+        if same_origin(given, base_url):
+            urls[key] = given
+    return urls
+
+
+def is_request_outcome(status_code: int, body: Any) -> bool:
+    """Whether an error answer from a COMPLETED request's response URL is
+    that request's own outcome (pure). A model's 4xx (`detail`) and the
+    request errors fal documents (`error_type` request_timeout,
+    runner_*, ...) are; a bare 5xx or `internal_error` may be a hiccup of
+    the result endpoint itself, so it is asked again rather than trusted."""
+    if not isinstance(body, Mapping):
+        return False
+    error_type = body.get("error_type")
+    if status_code == 499 or error_type in _CANCELLED_TYPES:
+        return True
+    if status_code >= 500:
+        return isinstance(error_type, str) and error_type in _REQUEST_FAILURE_TYPES
+    # Not 401/403/429: those say something about our key or rate, not the request.
+    return status_code in (400, 422) and "detail" in body
+
+
+def result_observation(status_code: int, body: Any) -> Observation:
+    """The outcome of a COMPLETED request from its response URL (pure):
+    2xx → the files it made; an error answer → FAILED with fal's reason
+    (a cancelled request counts as CANCELLED)."""
+    if 200 <= status_code < 300:
+        return Observation(state=TaskState.SUCCEEDED, output_urls=collect_urls(body, only_url_keys=True))
+    error_type = body.get("error_type") if isinstance(body, Mapping) else None
+    if status_code == 499 or error_type in _CANCELLED_TYPES:
+        return Observation(state=TaskState.CANCELLED, error="the request was cancelled")
+    reason = reason_text(body.get("detail")) if isinstance(body, Mapping) else reason_text(body)
+    return Observation(state=TaskState.FAILED, error=reason or f"the request failed (HTTP {status_code})")
+
+
+class FalProvider(Provider):
+    def __init__(
+        self,
+        base_url: str,
+        key: str | None,
+        *,
+        jwks_url: str,
+        timeout_s: float = 30.0,
+        client: httpx.AsyncClient | None = None,
+        stale_after_s: float = 60.0,
+        jwks_refresh_s: float = JWKS_REFRESH_S,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.jwks_url = jwks_url
+        self._jwks_refresh_s = jwks_refresh_s
+        self._key = key
+        self._http = Clients(timeout_s, client)
+        self._public_keys: list[bytes] = []
+        self._keys_fetched_at = float("-inf")
+        self._keys_lock = asyncio.Lock()
+        self.facts = ProviderFacts(
+            name=NAME,
+            webhook_scheme="ed25519-jwks",
+            idempotent_submit=False,
+            can_find=False,
+            stale_after_s=stale_after_s,
+            output_hosts=("fal.media", ".fal.media", ".fal.run", host_of(self.base_url)),
+            output_ttl_s=3600.0,
+        )
+
+    def __repr__(self) -> str:
+        return f"FalProvider({self.base_url!r})"
+
+    @property
+    def _secrets(self) -> tuple[str | None, ...]:
+        return (self._key,)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Key {self._key}"} if self._key else {}
+
+    def _urls(self, task: Task) -> dict[str, str]:
+        """Where to ask about a task: the stored URLs when they are still on
+        our origin (the base URL may have changed since), else rebuilt."""
+        stored = task.operation if isinstance(task.operation, Mapping) else {}
+        if all(same_origin(stored.get(k), self.base_url) for k in _OPERATION_KEYS):
+            return {k: stored[k] for k in _OPERATION_KEYS}
+        model = stored.get("model") or task.model
+        if not isinstance(model, str) or not _REQUEST_ID_RE.fullmatch(task.task_id):
+            raise Rejected(f"{NAME}: the task lacks the model needed to address it")
+        return documented_urls(self.base_url, model, task.task_id)
+
+    async def submit(self, request: SubmitRequest, idempotency_key: str) -> Submitted:
+        app_id(request.model)  # validates before anything is sent
+        params = {"fal_webhook": request.callback_url} if request.callback_url else None
+        response = await submit_call(
+            self._http.submits, NAME, "POST", f"{self.base_url}/{request.model}",
+            params=params, json=dict(request.input), headers=self._headers(), secrets=self._secrets,
+        )
+        data = json_object(response, NAME, Uncertain)
+        request_id = data.get("request_id")
+        if not isinstance(request_id, str) or not _REQUEST_ID_RE.fullmatch(request_id):
+            raise Uncertain(f"{NAME}: submit answer has no usable request id")
+        operation = {"model": request.model, **operation_urls(self.base_url, request.model, request_id, data)}
+        return Submitted(task_id=request_id, operation=operation)
+
+    async def status(self, task: Task) -> Observation:
+        urls = self._urls(task)
+        response = await read_call(
+            self._http.reads, NAME, "GET", urls["status_url"],
+            headers=self._headers(), secrets=self._secrets,
+        )
+        body = json_object(response, NAME, Transient)
+        status = body.get("status")
+        if status in _RUNNING:
+            return Observation(state=TaskState.RUNNING)
+        if status != "COMPLETED":
+            raise Transient(f"{NAME}: unknown request status {str(status)[:40]!r}")
+        if body.get("error"):
+            # Newer queue answers carry the failure on the status itself.
+            if body.get("error_type") in _CANCELLED_TYPES:
+                return Observation(state=TaskState.CANCELLED, error="the request was cancelled")
+            return Observation(state=TaskState.FAILED, error=reason_text(body.get("error"), self._secrets))
+        return await self._result(urls["response_url"])
+
+    async def _result(self, response_url: str) -> Observation:
+        response = await read_call(
+            self._http.reads, NAME, "GET", response_url, headers=self._headers(), secrets=self._secrets,
+            not_found=None, pass_statuses=(400, 422, 499, 500, 502, 503, 504),
+        )
+        status_code = response.status_code
+        if 200 <= status_code < 300:
+            return result_observation(status_code, json_body(response, NAME, Transient))
+        try:
+            body = response.json()
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if not is_request_outcome(status_code, body):
+            # Not the request's stored outcome (a gateway hiccup, say): ask again later.
+            detail = error_detail(response, self._secrets)
+            raise Transient(f"{NAME}: result fetch answered HTTP {status_code}" + (f": {detail}" if detail else ""))
+        return result_observation(status_code, body)
+
+    async def cancel(self, task: Task) -> None:
+        try:
+            urls = self._urls(task)
+            await read_call(
+                self._http.reads, NAME, "PUT", urls["cancel_url"],
+                headers=self._headers(), secrets=self._secrets,
+                pass_statuses=(400, 409),  # ALREADY_COMPLETED: nothing to cancel
+            )
+        except Rejected:
+            return None
+
+    async def find(self, request: SubmitRequest) -> Submitted | None:
+        return None  # fal cannot look a request up by our reference
+
+    async def _keys(self, *, refresh: bool) -> list[bytes]:
+        async with self._keys_lock:
+            age = time.monotonic() - self._keys_fetched_at
+            stale = not self._public_keys or age >= JWKS_MAX_AGE_S
+            if (stale or refresh) and age >= self._jwks_refresh_s:
+                self._keys_fetched_at = time.monotonic()
+                try:
+                    response = await read_call(
+                        self._http.reads, NAME, "GET", self.jwks_url, secrets=self._secrets, not_found=None,
+                    )
+                    fresh = jwks_public_keys(json_body(response, NAME, Transient))
+                except Exception:
+                    fresh = []
+                if fresh:
+                    self._public_keys = fresh
+            return self._public_keys
+
+    async def verify(self, webhook: WebhookRequest) -> bool:
+        try:
+            keys = await self._keys(refresh=False)
+            if keys and verify_fal(webhook.headers, webhook.raw_body, keys, time.time()):
+                return True
+            # Perhaps signed with a key published since we last looked.
+            fresh = await self._keys(refresh=True)
+            if not fresh or fresh == keys:
+                return False
+            return verify_fal(webhook.headers, webhook.raw_body, fresh, time.time())
+        except Exception:
+            return False
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

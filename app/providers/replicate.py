@@ -1,0 +1,262 @@
+"""Replicate (https://replicate.com/docs/reference/http).
+
+No idempotency key exists, so a lost submit answer is recovered with
+`find`: our callback URL carries the job id, and Replicate lists our recent
+predictions with the `webhook` each was created with. Webhooks are signed
+with Standard Webhooks using the account's signing secret.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from app.providers.base import (
+    Observation,
+    Provider,
+    ProviderFacts,
+    Rejected,
+    Submitted,
+    SubmitRequest,
+    Task,
+    TaskState,
+    Transient,
+    Uncertain,
+    WebhookRequest,
+)
+from app.providers.http import (
+    Clients,
+    collect_urls,
+    host_of,
+    json_object,
+    read_call,
+    reason_text,
+    same_origin,
+    submit_call,
+)
+from app.signing.webhooks import verify_standard_webhooks
+
+NAME = "replicate"
+
+_STATES = {
+    "starting": TaskState.RUNNING,
+    "processing": TaskState.RUNNING,
+    "succeeded": TaskState.SUCCEEDED,
+    "failed": TaskState.FAILED,
+    "canceled": TaskState.CANCELLED,
+    "cancelled": TaskState.CANCELLED,
+    "aborted": TaskState.CANCELLED,
+}
+_NAME_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+_MODEL_RE = re.compile(rf"({_NAME_PART})/({_NAME_PART})")
+_VERSION_RE = re.compile(r"[A-Za-z0-9]{1,128}")
+# A secret that fails to verify is fetched again at most this often.
+SECRET_REFRESH_S = 60.0
+
+
+def route_for_model(model: str) -> tuple[str, dict[str, Any]]:
+    """The create path and the body fields that name the model (pure):
+    `owner/name:version` or a bare version id → /v1/predictions with
+    `version`; `owner/name` → the model's own predictions route."""
+    if not isinstance(model, str):
+        raise Rejected(f"{NAME}: model must be a string")
+    if ":" in model:
+        name, _, version = model.partition(":")
+        if _MODEL_RE.fullmatch(name) and _VERSION_RE.fullmatch(version):
+            return "/v1/predictions", {"version": version}
+    elif "/" in model:
+        match = _MODEL_RE.fullmatch(model)
+        if match:
+            owner, name = match.groups()
+            return f"/v1/models/{owner}/{name}/predictions", {}
+    elif _VERSION_RE.fullmatch(model):
+        return "/v1/predictions", {"version": model}
+    raise Rejected(f"{NAME}: model must be owner/name, owner/name:version or a version id")
+
+
+def observation_from_prediction(body: dict) -> Observation:
+    """A prediction JSON as an Observation (pure). Output may be a URL, a
+    list of URLs, or nested objects: every URL string counts."""
+    state = _STATES.get(body.get("status"))  # type: ignore[arg-type]
+    if state is None:
+        raise Transient(f"{NAME}: unknown prediction status {str(body.get('status'))[:40]!r}")
+    if state is TaskState.SUCCEEDED:
+        return Observation(state=state, output_urls=collect_urls(body.get("output")))
+    if state is TaskState.FAILED:
+        return Observation(state=state, error=reason_text(body.get("error")) or "the prediction failed")
+    if state is TaskState.CANCELLED:
+        return Observation(state=state, error=reason_text(body.get("error")))
+    return Observation(state=state)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+class ReplicateProvider(Provider):
+    def __init__(
+        self,
+        base_url: str,
+        api_token: str | None,
+        *,
+        webhook_secret: str | None = None,
+        timeout_s: float = 30.0,
+        client: httpx.AsyncClient | None = None,
+        stale_after_s: float = 60.0,
+        find_max_pages: int = 5,
+        find_max_age_s: float = 6 * 3600.0,
+        secret_refresh_s: float = SECRET_REFRESH_S,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self._token = api_token
+        self._configured_secret = webhook_secret
+        self._fetched_secret: str | None = None
+        self._fetched_at = float("-inf")
+        self._secret_lock = asyncio.Lock()
+        self._secret_refresh_s = secret_refresh_s
+        self._http = Clients(timeout_s, client)
+        self._find_max_pages = find_max_pages
+        self._find_max_age = timedelta(seconds=find_max_age_s)
+        self.facts = ProviderFacts(
+            name=NAME,
+            webhook_scheme="standard-webhooks",
+            idempotent_submit=False,
+            can_find=True,
+            stale_after_s=stale_after_s,
+            output_hosts=("replicate.delivery", ".replicate.delivery", host_of(self.base_url)),
+            output_ttl_s=3600.0,
+        )
+
+    def __repr__(self) -> str:
+        return f"ReplicateProvider({self.base_url!r})"
+
+    @property
+    def _secrets(self) -> tuple[str | None, ...]:
+        return (self._token, self._configured_secret, self._fetched_secret)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    def _prediction_url(self, task_id: str, suffix: str = "") -> str:
+        return f"{self.base_url}/v1/predictions/{quote(task_id, safe='')}{suffix}"
+
+    async def submit(self, request: SubmitRequest, idempotency_key: str) -> Submitted:
+        path, body = route_for_model(request.model)
+        body["input"] = dict(request.input)
+        if request.callback_url:
+            body["webhook"] = request.callback_url
+            body["webhook_events_filter"] = ["completed"]
+        response = await submit_call(
+            self._http.submits, NAME, "POST", self.base_url + path,
+            json=body, headers=self._headers(), secrets=self._secrets,
+        )
+        data = json_object(response, NAME, Uncertain)
+        task_id = data.get("id")
+        if not isinstance(task_id, str) or not task_id:
+            raise Uncertain(f"{NAME}: submit answer has no prediction id")
+        return Submitted(task_id=task_id)
+
+    async def status(self, task: Task) -> Observation:
+        response = await read_call(
+            self._http.reads, NAME, "GET", self._prediction_url(task.task_id),
+            headers=self._headers(), secrets=self._secrets,
+        )
+        return observation_from_prediction(json_object(response, NAME, Transient))
+
+    async def cancel(self, task: Task) -> None:
+        try:
+            await read_call(
+                self._http.reads, NAME, "POST", self._prediction_url(task.task_id, "/cancel"),
+                headers=self._headers(), secrets=self._secrets, pass_statuses=(409, 422),
+            )
+        except Rejected:
+            return None  # no such prediction: nothing to cancel
+
+    async def find(self, request: SubmitRequest) -> Submitted | None:
+        """The prediction created with our callback URL, from the newest
+        pages of the prediction list; None without a callback URL."""
+        if not request.callback_url:
+            return None
+        url: str | None = f"{self.base_url}/v1/predictions"
+        oldest_wanted = datetime.now(timezone.utc) - self._find_max_age
+        for _ in range(self._find_max_pages):
+            if url is None:
+                break
+            response = await read_call(
+                self._http.reads, NAME, "GET", url,
+                headers=self._headers(), secrets=self._secrets, not_found=None,
+            )
+            page = json_object(response, NAME, Transient)
+            results = page.get("results")
+            if not isinstance(results, list):
+                raise Transient(f"{NAME}: prediction list has no results")
+            reached_old = False
+            for item in results:
+                if not isinstance(item, dict):
+                    continue
+                if item.get("webhook") == request.callback_url and isinstance(item.get("id"), str):
+                    return Submitted(task_id=item["id"])
+                created = _parse_time(item.get("created_at"))
+                if created is not None and created < oldest_wanted:
+                    reached_old = True
+            if reached_old:
+                break
+            next_url = page.get("next")
+            # Follow only links on the API's own origin: the token goes with them.
+            url = next_url if same_origin(next_url, self.base_url) else None
+        return None
+
+    async def _fetch_secret(self) -> str | None:
+        try:
+            response = await read_call(
+                self._http.reads, NAME, "GET", f"{self.base_url}/v1/webhooks/default/secret",
+                headers=self._headers(), secrets=self._secrets, not_found=None,
+            )
+            key = json_object(response, NAME, Transient).get("key")
+        except Exception:
+            return None
+        return key if isinstance(key, str) and key else None
+
+    async def _secret(self, *, refresh: bool) -> str | None:
+        if self._configured_secret:
+            return self._configured_secret
+        async with self._secret_lock:
+            due = time.monotonic() - self._fetched_at >= self._secret_refresh_s
+            if (self._fetched_secret is None or refresh) and due:
+                self._fetched_at = time.monotonic()
+                fresh = await self._fetch_secret()
+                if fresh:
+                    self._fetched_secret = fresh
+            return self._fetched_secret
+
+    async def verify(self, webhook: WebhookRequest) -> bool:
+        try:
+            secret = await self._secret(refresh=False)
+            if secret and verify_standard_webhooks(
+                webhook.headers, webhook.raw_body, secret, time.time()
+            ):
+                return True
+            if self._configured_secret:
+                return False
+            # The account secret may have been rotated: fetch it again, at
+            # most once a minute, and try once more.
+            fresh = await self._secret(refresh=True)
+            if not fresh or fresh == secret:
+                return False
+            return verify_standard_webhooks(webhook.headers, webhook.raw_body, fresh, time.time())
+        except Exception:
+            return False
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

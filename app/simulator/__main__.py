@@ -1,0 +1,5 @@
+import sys
+
+from app.simulator import main
+
+sys.exit(main())

@@ -1,0 +1,91 @@
+"""The `input` controls that steer one simulated task.
+
+They ride inside the task's `input` under every protocol (native `input`,
+Replicate `input`, fal's body, KIE's `input`); every other key of `input`
+is the model's business and is ignored here.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+# Upper bounds keep a typo from scheduling a task for a century or promising
+# a petabyte; they are far above anything a test or benchmark needs.
+MAX_DURATION_S = 7 * 24 * 3600.0
+MAX_OUTPUT_BYTES = 64 * 1024**3
+MAX_OUTPUTS = 100
+MAX_COST = 10**12
+MAX_OUTPUT_TTL_S = 30 * 24 * 3600.0
+
+OUTCOMES = ("succeeded", "failed")
+_CONTENT_TYPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}")
+
+
+class ControlError(ValueError):
+    """A control value is wrong. `field` names it; the message says why."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"input.{field} {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Controls:
+    duration_s: float = 1.0
+    outcome: str = "succeeded"
+    output_bytes: int = 1024
+    outputs: int = 1
+    cost: int = 1
+    output_ttl_s: float = 3600.0
+    content_type: str = "image/png"
+
+
+def _number(value: Any, field: str, low: float, high: float, *, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ControlError(field, "must be a number")
+    if value < low or (low_open and value == low) or value > high:
+        bound = f"greater than {low:g}" if low_open else f"at least {low:g}"
+        raise ControlError(field, f"must be {bound} and at most {high:g}")
+    return float(value)
+
+
+def _whole(value: Any, field: str, low: int, high: int) -> int:
+    # 3.0 is accepted as 3: JSON encoders in other languages write floats freely.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ControlError(field, "must be a whole number")
+    if value < low or value > high:
+        raise ControlError(field, f"must be between {low} and {high}")
+    return value
+
+
+def parse_controls(input: Mapping[str, Any]) -> Controls:
+    """The controls found in `input`, defaults for the missing ones.
+    Raises ControlError on the first bad value."""
+    defaults = Controls()
+    values: dict[str, Any] = {}
+    if "duration_s" in input:
+        values["duration_s"] = _number(input["duration_s"], "duration_s", 0.0, MAX_DURATION_S)
+    if "outcome" in input:
+        if input["outcome"] not in OUTCOMES:
+            raise ControlError("outcome", "must be 'succeeded' or 'failed'")
+        values["outcome"] = input["outcome"]
+    if "output_bytes" in input:
+        values["output_bytes"] = _whole(input["output_bytes"], "output_bytes", 0, MAX_OUTPUT_BYTES)
+    if "outputs" in input:
+        values["outputs"] = _whole(input["outputs"], "outputs", 0, MAX_OUTPUTS)
+    if "cost" in input:
+        values["cost"] = _whole(input["cost"], "cost", 0, MAX_COST)
+    if "output_ttl_s" in input:
+        values["output_ttl_s"] = _number(
+            input["output_ttl_s"], "output_ttl_s", 0.0, MAX_OUTPUT_TTL_S, low_open=True
+        )
+    if "content_type" in input:
+        content_type = input["content_type"]
+        if not isinstance(content_type, str) or not _CONTENT_TYPE_RE.fullmatch(content_type):
+            raise ControlError("content_type", "must be a media type like image/png")
+        values["content_type"] = content_type.lower()
+    return replace(defaults, **values) if values else defaults

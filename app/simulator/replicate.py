@@ -1,0 +1,273 @@
+"""Replicate's HTTP API under /replicate (https://replicate.com/docs/reference/http).
+
+Predictions go starting -> processing -> succeeded | failed | canceled.
+Create has no idempotency key (an Idempotency-Key header is ignored, as
+Replicate ignores it). Webhooks are Standard Webhooks signed with the one
+account secret served at /v1/webhooks/default/secret.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import hashlib
+import os
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from app.signing.webhooks import sign_standard_webhooks
+from app.simulator.controls import ControlError, parse_controls
+from app.simulator.engine import Simulator
+from app.simulator.state import Phase, Task
+from app.simulator.webhooks import OutgoingWebhook
+from app.simulator.wire import BadBody, HoldThenDrop, auth_token, dumps, is_http_url, read_json, server_base
+
+PROTOCOL = "replicate"
+PREFIX = "/replicate"
+WEBHOOK_EVENTS = ("start", "output", "logs", "completed")
+_STATUS = {
+    Phase.QUEUED: "starting",
+    Phase.RUNNING: "processing",
+    Phase.SUCCEEDED: "succeeded",
+    Phase.FAILED: "failed",
+    Phase.CANCELLED: "canceled",
+}
+
+
+def _problem(status: int, title: str, detail: str) -> JSONResponse:
+    # Replicate answers errors as RFC 7807 problem details.
+    return JSONResponse({"title": title, "detail": detail, "status": status}, status_code=status)
+
+
+def _unauthenticated() -> JSONResponse:
+    return _problem(401, "Unauthenticated", "You did not pass a valid authentication token")
+
+
+def _not_found() -> JSONResponse:
+    return _problem(404, "Not found", "The requested resource could not be found.")
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _prediction_id() -> str:
+    # Replicate ids: 26 lowercase base32 characters.
+    return base64.b32encode(os.urandom(20)).decode("ascii").lower()[:26]
+
+
+def _fake_version(model: str) -> str:
+    return hashlib.sha256(f"replicate-sim|{model}".encode("utf-8")).hexdigest()
+
+
+def prediction_view(task: Task, now: float) -> dict[str, Any]:
+    phase = task.phase(now)
+    terminal = phase.terminal
+    started = None
+    if phase is not Phase.QUEUED and not (phase is Phase.CANCELLED and task.finished_at < task.started_at):
+        started = task.started_at
+    completed = task.finished_at if terminal else None
+    metrics: dict[str, Any] = {}
+    if phase in (Phase.SUCCEEDED, Phase.FAILED):
+        metrics = {
+            "predict_time": round(task.done_at - task.started_at, 6),
+            "total_time": round(task.done_at - task.created_at, 6),
+        }
+    base = f"{task.base_url}{PREFIX}/v1/predictions/{task.id}"
+    return {
+        "id": task.id,
+        "model": task.model,
+        "version": task.extra["version"],
+        "input": task.input,
+        "logs": "",
+        "output": task.output_urls() if phase is Phase.SUCCEEDED else None,
+        "data_removed": phase is Phase.SUCCEEDED and now >= task.outputs_expire_at,
+        "error": task.error(now) if phase is Phase.FAILED else None,
+        "source": "api",
+        "status": _STATUS[phase],
+        "created_at": _iso(task.created_at),
+        "started_at": _iso(started),
+        "completed_at": _iso(completed),
+        "urls": {"get": base, "cancel": f"{base}/cancel"},
+        "metrics": metrics,
+        "webhook": task.callback_url,
+        "webhook_events_filter": list(task.extra["webhook_events_filter"]),
+    }
+
+
+async def _create(request: Request, model: str | None) -> Response:
+    """Shared by create-by-version (`model` None) and create-by-model."""
+    sim: Simulator = request.app.state.sim
+    if auth_token(request, "Bearer", "Token") is None:
+        return _unauthenticated()
+    if sim.fault("submit_error"):
+        return _problem(500, "Internal server error", "simulated submit error")
+    try:
+        body = await read_json(request)
+    except BadBody as exc:
+        return _problem(400, "Bad request", str(exc))
+    if not isinstance(body, dict):
+        return _problem(400, "Bad request", "body must be a JSON object")
+    if model is None:
+        version = body.get("version")
+        if not isinstance(version, str) or not version.strip():
+            return _problem(422, "Input validation failed", "- version: version is required")
+        # "owner/name:hash", "owner/name" or a bare version hash
+        name, _, hash_ = version.partition(":")
+        if "/" in name:
+            model, version = name, hash_ or _fake_version(name)
+        else:
+            model = "replicate-sim/unknown"
+    else:
+        version = _fake_version(model)
+    task_input = body.get("input")
+    if not isinstance(task_input, dict):
+        return _problem(422, "Input validation failed", "- input: input is required (an object)")
+    webhook = body.get("webhook")
+    if webhook is not None and not is_http_url(webhook):
+        return _problem(422, "Input validation failed", "- webhook: must be an http(s) URL")
+    events = body.get("webhook_events_filter")
+    if events is None:
+        events = list(WEBHOOK_EVENTS)
+    elif not isinstance(events, list) or not events or any(e not in WEBHOOK_EVENTS for e in events):
+        return _problem(
+            422,
+            "Input validation failed",
+            "- webhook_events_filter: a non-empty list of start, output, logs, completed",
+        )
+    try:
+        controls = parse_controls(task_input)
+    except ControlError as exc:
+        return _problem(422, "Input validation failed", f"- {exc}")
+
+    task = sim.create_task(
+        task_id=_prediction_id(),
+        protocol=PROTOCOL,
+        model=model,
+        input=task_input,
+        controls=controls,
+        base_url=server_base(request),
+        callback_url=webhook,
+        webhook_events=tuple(e for e in ("start", "completed") if e in events),
+        extra={"version": version, "webhook_events_filter": tuple(dict.fromkeys(events))},
+    )
+    if sim.fault("submit_timeout_after_create"):
+        return HoldThenDrop(sim.hold_s)
+    return JSONResponse(prediction_view(task, time.time()), status_code=201)
+
+
+async def create_by_version(request: Request) -> Response:
+    return await _create(request, None)
+
+
+async def create_by_model(request: Request) -> Response:
+    owner, name = request.path_params["owner"], request.path_params["name"]
+    return await _create(request, f"{owner}/{name}")
+
+
+async def get_prediction(request: Request) -> Response:
+    sim: Simulator = request.app.state.sim
+    if auth_token(request, "Bearer", "Token") is None:
+        return _unauthenticated()
+    sim.store.stats.status_calls += 1
+    if sim.fault("status_error"):
+        return _problem(500, "Internal server error", "simulated status error")
+    task = sim.store.get(request.path_params["prediction_id"], PROTOCOL)
+    if task is None:
+        return _not_found()
+    return JSONResponse(prediction_view(task, time.time()))
+
+
+async def cancel_prediction(request: Request) -> Response:
+    sim: Simulator = request.app.state.sim
+    if auth_token(request, "Bearer", "Token") is None:
+        return _unauthenticated()
+    task = sim.store.get(request.path_params["prediction_id"], PROTOCOL)
+    if task is None:
+        return _not_found()
+    sim.cancel_task(task)  # a finished prediction is returned as it is
+    return JSONResponse(prediction_view(task, time.time()))
+
+
+def _encode_cursor(seq: int) -> str:
+    return base64.urlsafe_b64encode(f"seq:{seq}".encode("ascii")).decode("ascii").rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> int | None:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, ValueError):
+        return None
+    prefix, _, number = raw.partition(":")
+    if prefix != "seq" or not number.isdigit():
+        return None
+    return int(number)
+
+
+async def list_predictions(request: Request) -> Response:
+    """Newest first, `page_size` per page, `next` is the URL of the next page."""
+    sim: Simulator = request.app.state.sim
+    if auth_token(request, "Bearer", "Token") is None:
+        return _unauthenticated()
+    predictions = sim.store.by_protocol.get(PROTOCOL, [])
+    end = len(predictions)
+    cursor = request.query_params.get("cursor")
+    if cursor is not None:
+        before = _decode_cursor(cursor)
+        if before is None:
+            return _problem(400, "Bad request", "invalid cursor")
+        # by_protocol lists are in creation order, so seq is ascending
+        end = bisect.bisect_left(predictions, before, key=lambda t: t.seq)
+    start = max(0, end - sim.replicate_page_size)
+    page = predictions[start:end][::-1]
+    now = time.time()
+    next_url = None
+    if start > 0 and page:
+        next_url = f"{server_base(request)}{PREFIX}/v1/predictions?cursor={_encode_cursor(page[-1].seq)}"
+    return JSONResponse({
+        "previous": None,
+        "next": next_url,
+        "results": [prediction_view(task, now) for task in page],
+    })
+
+
+async def default_webhook_secret(request: Request) -> Response:
+    sim: Simulator = request.app.state.sim
+    if auth_token(request, "Bearer", "Token") is None:
+        return _unauthenticated()
+    return JSONResponse({"key": sim.replicate_webhook_secret})
+
+
+def render_webhook(sim: Simulator, task: Task, event: str, now: float) -> OutgoingWebhook | None:
+    if task.callback_url is None:
+        return None
+    # One message id per (prediction, event): retries and duplicates of the
+    # same event carry the same id, as Standard Webhooks redeliveries do.
+    msg_id = f"msg_{task.id}_{event}"
+    secret = sim.replicate_webhook_secret
+
+    def sign(body: bytes, t: int) -> dict[str, str]:
+        return {
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(t),
+            "webhook-signature": sign_standard_webhooks(secret, msg_id, t, body),
+        }
+
+    return OutgoingWebhook(url=task.callback_url, body=dumps(prediction_view(task, now)), sign=sign)
+
+
+routes = [
+    Route(f"{PREFIX}/v1/predictions", create_by_version, methods=["POST"]),
+    Route(f"{PREFIX}/v1/predictions", list_predictions, methods=["GET"]),
+    Route(f"{PREFIX}/v1/models/{{owner}}/{{name}}/predictions", create_by_model, methods=["POST"]),
+    Route(f"{PREFIX}/v1/predictions/{{prediction_id}}", get_prediction, methods=["GET"]),
+    Route(f"{PREFIX}/v1/predictions/{{prediction_id}}/cancel", cancel_prediction, methods=["POST"]),
+    Route(f"{PREFIX}/v1/webhooks/default/secret", default_webhook_secret, methods=["GET"]),
+]

@@ -1,0 +1,153 @@
+"""Simulated tasks and the in-memory store that holds them.
+
+A task's state is never stored: it is computed from the clock
+(`created_at` + `duration_s`), so reading a task costs a dict lookup and a
+few comparisons however many tasks exist. Only a cancel writes anything.
+"""
+from __future__ import annotations
+
+import enum
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.simulator.controls import Controls
+from app.simulator.faults import Faults, WebhookPlan
+
+# The share of a task's duration it spends queued before it runs.
+QUEUED_SHARE = 0.1
+FAILURE_REASON = "simulated failure (input.outcome = 'failed')"
+CANCEL_REASON = "cancelled"
+
+
+class Phase(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED)
+
+
+@dataclass(eq=False, slots=True)  # slots: a benchmark may hold many thousands
+class Task:
+    id: str
+    protocol: str  # "sim", "replicate", "fal", "kie"
+    model: str
+    input: dict[str, Any]
+    controls: Controls
+    created_at: float  # unix seconds
+    base_url: str  # this server as the creating client addressed it; output URLs hang off it
+    seq: int  # creation order, for listings
+    callback_url: str | None = None
+    webhook_secret: str | None = None
+    idempotency_key: str | None = None
+    webhook_plan: WebhookPlan = field(default_factory=WebhookPlan)
+    webhook_events: tuple[str, ...] = ("completed",)
+    extra: dict[str, Any] = field(default_factory=dict)  # protocol-specific facts
+    cancelled_at: float | None = None
+
+    @property
+    def started_at(self) -> float:
+        return self.created_at + QUEUED_SHARE * self.controls.duration_s
+
+    @property
+    def done_at(self) -> float:
+        """When the task finishes on its own (if not cancelled first)."""
+        return self.created_at + self.controls.duration_s
+
+    @property
+    def finished_at(self) -> float:
+        return self.cancelled_at if self.cancelled_at is not None else self.done_at
+
+    @property
+    def outputs_expire_at(self) -> float:
+        return self.done_at + self.controls.output_ttl_s
+
+    def phase(self, now: float) -> Phase:
+        if self.cancelled_at is not None:
+            return Phase.CANCELLED
+        if now >= self.done_at:
+            return Phase.SUCCEEDED if self.controls.outcome == "succeeded" else Phase.FAILED
+        if now >= self.started_at:
+            return Phase.RUNNING
+        return Phase.QUEUED
+
+    def error(self, now: float) -> str | None:
+        phase = self.phase(now)
+        if phase is Phase.FAILED:
+            return FAILURE_REASON
+        if phase is Phase.CANCELLED:
+            return CANCEL_REASON
+        return None
+
+    def output_urls(self) -> list[str]:
+        return [f"{self.base_url}/outputs/{self.id}/{i}" for i in range(self.controls.outputs)]
+
+    def cancel(self, now: float) -> bool:
+        """Cancel unless already finished; True when this call cancelled it."""
+        if self.phase(now).terminal:
+            return False
+        self.cancelled_at = now
+        return True
+
+
+@dataclass
+class Stats:
+    tasks_created: int = 0
+    creates_by_idempotency_key: Counter = field(default_factory=Counter)
+    creates_by_callback_url: Counter = field(default_factory=Counter)
+    webhooks_sent: int = 0  # every POST attempt, retries and duplicates included
+    webhooks_delivered: int = 0  # attempts answered 2xx
+    webhooks_failed: int = 0  # deliveries given up after every retry
+    status_calls: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tasks_created": self.tasks_created,
+            "creates_by_idempotency_key": dict(self.creates_by_idempotency_key),
+            "creates_by_callback_url": dict(self.creates_by_callback_url),
+            "webhooks_sent": self.webhooks_sent,
+            "webhooks_delivered": self.webhooks_delivered,
+            "webhooks_failed": self.webhooks_failed,
+            "status_calls": self.status_calls,
+        }
+
+
+class Store:
+    """Every task of every protocol, the native idempotency keys, the
+    counters and the fault rates. One process, one event loop: no locks."""
+
+    def __init__(self, rng: random.Random | None = None):
+        self.rng = rng or random.Random()
+        self.reset()
+
+    def reset(self) -> None:
+        self.tasks: dict[str, Task] = {}
+        self.by_idempotency_key: dict[str, Task] = {}
+        self.by_protocol: dict[str, list[Task]] = {}  # creation order
+        self.stats = Stats()
+        self.faults = Faults()
+        self._seq = 0
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def add(self, task: Task) -> None:
+        self.tasks[task.id] = task
+        self.by_protocol.setdefault(task.protocol, []).append(task)
+        self.stats.tasks_created += 1
+        if task.idempotency_key is not None:
+            self.by_idempotency_key[task.idempotency_key] = task
+            self.stats.creates_by_idempotency_key[task.idempotency_key] += 1
+        if task.callback_url is not None:
+            self.stats.creates_by_callback_url[task.callback_url] += 1
+
+    def get(self, task_id: str, protocol: str) -> Task | None:
+        task = self.tasks.get(task_id)
+        return task if task is not None and task.protocol == protocol else None

@@ -1,0 +1,478 @@
+"""Where outputs live once they are ours: a directory (file://) or S3 (s3://).
+
+Keys are deterministic per job output (`object_key`), so a repeated settle
+overwrites the same object instead of leaving a second copy. Every write
+checks the bytes it stores against the sha256 and size the download measured,
+so what we record is what we hold.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import re
+import tempfile
+from stat import S_ISREG
+from typing import Any, AsyncIterator, Protocol
+from urllib.parse import unquote, urlsplit
+
+CHUNK_BYTES = 1024 * 1024
+MAX_PRESIGN_S = 60
+_KEY_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=-]*$")
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+class StorageError(Exception):
+    """A storage operation failed. The message is safe to store and log."""
+
+
+class ObjectNotFound(StorageError):
+    """No object under that key."""
+
+
+def object_key(owner_id: str, job_id: str, index: int) -> str:
+    """The key of output `index` of a job; the storage adds its own prefix."""
+    if not (isinstance(owner_id, str) and _ID.match(owner_id)):
+        raise ValueError("owner id must be 1-128 letters, digits, '_' or '-'")
+    if not (isinstance(job_id, str) and _ID.match(job_id)):
+        raise ValueError("job id must be 1-128 letters, digits, '_' or '-'")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError("output index must be a whole number >= 0")
+    return f"outputs/{owner_id}/{job_id}/{index}"
+
+
+def check_key(key: str) -> list[str]:
+    """Split a key into its segments, refusing anything that could leave the
+    storage root or collide with our temp and metadata files (dot-names)."""
+    if not isinstance(key, str) or not key or len(key) > 512:
+        raise ValueError("storage key must be a non-empty string of at most 512 characters")
+    segments = key.split("/")
+    if not all(_KEY_SEGMENT.match(s) for s in segments):
+        raise ValueError("storage key segments must be letters, digits, '_', '-', '.', '=' and not start with '.'")
+    return segments
+
+
+class Storage(Protocol):
+    async def put_file(self, key: str, path: str, content_type: str | None, sha256: str, size: int) -> None:
+        """Store the file at `path` under `key`, replacing what was there.
+        Raises StorageError if the file is not `size` bytes with that sha256."""
+
+    async def exists(self, key: str) -> tuple[int, str] | None:
+        """(size, sha256 hex or "" if unknown), or None when there is no object."""
+
+    async def open_stream(self, key: str) -> AsyncIterator[bytes]:
+        """Await it to open the object (ObjectNotFound if missing), then iterate the chunks."""
+
+    async def presigned_url(self, key: str, expires_s: int = 60) -> str | None:
+        """A GET URL valid for at most 60 s (S3); None when the storage serves bytes itself."""
+
+    async def aclose(self) -> None:
+        ...
+
+
+def _sha256_check(sha256: str, size: int) -> None:
+    if not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-f]{64}", sha256)):
+        raise ValueError("sha256 must be 64 lowercase hex characters")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError("size must be a whole number >= 0")
+
+
+def _mismatch(key: str, size: int, got_size: int, sha256: str, got_sha256: str) -> StorageError:
+    if got_size != size:
+        return StorageError(f"{key}: file has {got_size} bytes, expected {size}")
+    return StorageError(f"{key}: file sha256 {got_sha256[:12]}… does not match the expected {sha256[:12]}…")
+
+
+# --------------------------------------------------------------------------- file://
+
+class FileStorage(Storage):
+    """Objects as files under a root directory. A write goes to a temp file in
+    the target directory, is fsynced, renamed over the key and the directory
+    fsynced: a reader sees the old object or the new one, never a part.
+
+    Beside each object `.NAME.meta` (JSON) keeps size, sha256, content type
+    and the inode of the object file it describes; when that inode no longer
+    matches (a crash between the two renames, a restore from backup) the
+    sha256 is recomputed instead of trusted."""
+
+    def __init__(self, root: str):
+        if not os.path.isabs(root):
+            raise ValueError("file storage needs an absolute path")
+        self.root = os.path.normpath(root)
+
+    def path_of(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key))
+
+    @staticmethod
+    def _meta_path(path: str) -> str:
+        head, name = os.path.split(path)
+        return os.path.join(head, f".{name}.meta")
+
+    async def put_file(self, key: str, path: str, content_type: str | None, sha256: str, size: int) -> None:
+        target = self.path_of(key)
+        _sha256_check(sha256, size)
+        try:
+            await asyncio.to_thread(self._put_sync, key, target, path, content_type, sha256, size)
+        except OSError as exc:
+            raise StorageError(f"{key}: could not write ({exc.strerror or type(exc).__name__})") from None
+
+    def _put_sync(self, key: str, target: str, source: str, content_type: str | None,
+                  sha256: str, size: int) -> None:
+        directory = os.path.dirname(target)
+        created = _make_dirs(directory)
+        name = os.path.basename(target)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        try:
+            digest = hashlib.sha256()
+            written = 0
+            with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+                while chunk := src.read(CHUNK_BYTES):
+                    digest.update(chunk)
+                    out.write(chunk)
+                    written += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+                inode = os.fstat(out.fileno()).st_ino
+            if written != size or digest.hexdigest() != sha256:
+                raise _mismatch(key, size, written, sha256, digest.hexdigest())
+            meta = {"size": size, "sha256": sha256, "content_type": content_type, "inode": inode}
+            _write_atomic(self._meta_path(target), json.dumps(meta).encode())
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        # The rename is durable once its directory is, and a new directory
+        # once its parent is.
+        for path in [directory, *(os.path.dirname(d) for d in created)]:
+            _fsync_dir(path)
+
+    async def exists(self, key: str) -> tuple[int, str] | None:
+        target = self.path_of(key)
+        try:
+            return await asyncio.to_thread(self._exists_sync, target)
+        except OSError as exc:
+            raise StorageError(f"{key}: could not check ({exc.strerror or type(exc).__name__})") from None
+
+    def _exists_sync(self, target: str) -> tuple[int, str] | None:
+        try:
+            stat = os.stat(target)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not S_ISREG(stat.st_mode):
+            return None
+        meta = self._read_meta(target)
+        if meta and meta.get("inode") == stat.st_ino and meta.get("size") == stat.st_size:
+            return stat.st_size, str(meta.get("sha256") or "")
+        digest = hashlib.sha256()
+        with open(target, "rb") as f:
+            while chunk := f.read(CHUNK_BYTES):
+                digest.update(chunk)
+        return stat.st_size, digest.hexdigest()
+
+    def _read_meta(self, target: str) -> dict[str, Any] | None:
+        try:
+            with open(self._meta_path(target), "rb") as f:
+                meta = json.loads(f.read(4096))
+        except (OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) else None
+
+    async def content_type(self, key: str) -> str | None:
+        """The content type given when the object was stored, if recorded."""
+        meta = await asyncio.to_thread(self._read_meta, self.path_of(key))
+        value = (meta or {}).get("content_type")
+        return value if isinstance(value, str) else None
+
+    async def open_stream(self, key: str) -> AsyncIterator[bytes]:
+        target = self.path_of(key)
+        try:
+            # Opened now, so a missing object fails before any response starts
+            # and a concurrent overwrite cannot mix two versions in one stream.
+            file = await asyncio.to_thread(open, target, "rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFound(f"{key}: no such object") from None
+        except OSError as exc:
+            raise StorageError(f"{key}: could not read ({exc.strerror or type(exc).__name__})") from None
+        return _file_chunks(file)
+
+    async def presigned_url(self, key: str, expires_s: int = 60) -> str | None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"FileStorage({self.root!r})"
+
+
+async def _file_chunks(file) -> AsyncIterator[bytes]:
+    try:
+        while chunk := await asyncio.to_thread(file.read, CHUNK_BYTES):
+            yield chunk
+    finally:
+        file.close()
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _make_dirs(directory: str) -> list[str]:
+    """makedirs that returns the directories it created, top first."""
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    created = []
+    for path in reversed(missing):
+        try:
+            os.mkdir(path)
+            created.append(path)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
+    return created
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- s3://
+
+def _b64_sha256(hex_digest: str) -> str:
+    return base64.b64encode(bytes.fromhex(hex_digest)).decode()
+
+
+class S3Storage(Storage):
+    """Objects in an S3 bucket under a prefix, through one aiobotocore client
+    made on first use. Files up to `multipart_threshold` are one PUT (read
+    whole, so the threshold bounds memory); larger ones a multipart upload
+    read part by part from the file, so memory stays at one part whatever the
+    size. S3 checks every body against the SHA-256 we send with it."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 multipart_threshold: int = 16 * 1024 * 1024, part_size: int = 16 * 1024 * 1024,
+                 max_attempts: int = 3):
+        if not _BUCKET.match(bucket or ""):
+            raise ValueError("S3 bucket names are 3-63 lowercase letters, digits, '.' or '-'")
+        if part_size < 5 * 1024 * 1024:
+            raise ValueError("S3 parts must be at least 5 MiB")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url
+        self.multipart_threshold = max(multipart_threshold, 1)
+        self.part_size = part_size
+        self.max_attempts = max_attempts
+        self._client: Any = None
+        self._client_context: Any = None
+        self._client_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"S3Storage(bucket={self.bucket!r}, prefix={self.prefix!r}, endpoint_url={self.endpoint_url!r})"
+
+    def full_key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    async def _s3(self) -> Any:
+        if self._client is None:
+            async with self._client_lock:
+                if self._client is None:
+                    from aiobotocore.config import AioConfig
+                    from aiobotocore.session import get_session
+
+                    config = AioConfig(
+                        signature_version="s3v4",
+                        connect_timeout=10,
+                        read_timeout=60,
+                        retries={"max_attempts": self.max_attempts, "mode": "standard"},
+                        # A custom endpoint (MinIO, moto, R2...) rarely has per-bucket DNS names.
+                        s3={"addressing_style": "path" if self.endpoint_url else "auto"},
+                    )
+                    context = get_session().create_client("s3", endpoint_url=self.endpoint_url, config=config)
+                    self._client = await context.__aenter__()
+                    self._client_context = context
+        return self._client
+
+    async def aclose(self) -> None:
+        context, self._client, self._client_context = self._client_context, None, None
+        if context is not None:
+            await context.__aexit__(None, None, None)
+
+    async def put_file(self, key: str, path: str, content_type: str | None, sha256: str, size: int) -> None:
+        full_key = self.full_key(key)
+        _sha256_check(sha256, size)
+        try:
+            actual = await asyncio.to_thread(os.path.getsize, path)
+        except OSError as exc:
+            raise StorageError(f"{key}: cannot read the file to upload ({exc.strerror})") from None
+        if actual != size:
+            raise _mismatch(key, size, actual, sha256, "")
+        extra: dict[str, Any] = {"Metadata": {"sha256": sha256}}
+        if content_type:
+            extra["ContentType"] = content_type
+        try:
+            if size <= self.multipart_threshold:
+                await self._put_single(key, full_key, path, sha256, size, extra)
+            else:
+                await self._put_multipart(key, full_key, path, sha256, size, extra)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"{key}: upload failed ({_describe_error(exc)})") from None
+
+    async def _put_single(self, key: str, full_key: str, path: str, sha256: str, size: int,
+                          extra: dict[str, Any]) -> None:
+        body, body_sha256 = await asyncio.to_thread(_read_and_hash, path)
+        if len(body) != size or body_sha256 != sha256:
+            raise _mismatch(key, size, len(body), sha256, body_sha256)
+        s3 = await self._s3()
+        # And S3 checks the bytes it received against the same SHA-256.
+        await s3.put_object(Bucket=self.bucket, Key=full_key, Body=body,
+                            ChecksumSHA256=_b64_sha256(sha256), **extra)
+
+    async def _put_multipart(self, key: str, full_key: str, path: str, sha256: str, size: int,
+                             extra: dict[str, Any]) -> None:
+        s3 = await self._s3()
+        created = await s3.create_multipart_upload(Bucket=self.bucket, Key=full_key,
+                                                   ChecksumAlgorithm="SHA256", **extra)
+        upload_id = created["UploadId"]
+        try:
+            whole = hashlib.sha256()
+            parts = []
+            with open(path, "rb") as file:
+                number = 1
+                while True:
+                    body = await asyncio.to_thread(file.read, self.part_size)
+                    if not body:
+                        break
+                    part_sha = await asyncio.to_thread(_hash_both, whole, body)
+                    answer = await s3.upload_part(Bucket=self.bucket, Key=full_key, UploadId=upload_id,
+                                                  PartNumber=number, Body=body,
+                                                  ChecksumSHA256=part_sha)
+                    parts.append({"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": part_sha})
+                    number += 1
+                    del body
+            # The parts were each checked by S3; this checks they are the file we measured.
+            if whole.hexdigest() != sha256:
+                raise _mismatch(key, size, size, sha256, whole.hexdigest())
+            await s3.complete_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id,
+                                               MultipartUpload={"Parts": parts})
+        except BaseException:
+            try:
+                await s3.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
+            except Exception:
+                pass  # an abandoned upload is cleaned by the bucket's lifecycle rule
+            raise
+
+    async def exists(self, key: str) -> tuple[int, str] | None:
+        full_key = self.full_key(key)
+        s3 = await self._s3()
+        try:
+            head = await s3.head_object(Bucket=self.bucket, Key=full_key)
+        except Exception as exc:
+            if _is_not_found(exc):
+                return None
+            raise StorageError(f"{key}: could not check ({_describe_error(exc)})") from None
+        return int(head["ContentLength"]), str(head.get("Metadata", {}).get("sha256", ""))
+
+    async def open_stream(self, key: str) -> AsyncIterator[bytes]:
+        full_key = self.full_key(key)
+        s3 = await self._s3()
+        try:
+            answer = await s3.get_object(Bucket=self.bucket, Key=full_key)
+        except Exception as exc:
+            if _is_not_found(exc):
+                raise ObjectNotFound(f"{key}: no such object") from None
+            raise StorageError(f"{key}: could not read ({_describe_error(exc)})") from None
+        return _s3_chunks(answer["Body"])
+
+    async def presigned_url(self, key: str, expires_s: int = 60) -> str | None:
+        full_key = self.full_key(key)
+        expires_s = max(1, min(int(expires_s), MAX_PRESIGN_S))
+        s3 = await self._s3()
+        return await s3.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": full_key}, ExpiresIn=expires_s)
+
+
+async def _s3_chunks(body: Any) -> AsyncIterator[bytes]:
+    try:
+        async with body as stream:
+            while chunk := await stream.read(CHUNK_BYTES):
+                yield chunk
+    except Exception as exc:
+        raise StorageError(f"reading an object failed ({_describe_error(exc)})") from None
+
+
+def _read_and_hash(path: str) -> tuple[bytes, str]:
+    with open(path, "rb") as f:
+        body = f.read()
+    return body, hashlib.sha256(body).hexdigest()
+
+
+def _hash_both(whole: "hashlib._Hash", body: bytes) -> str:
+    whole.update(body)
+    return base64.b64encode(hashlib.sha256(body).digest()).decode()
+
+
+def _is_not_found(exc: Exception) -> bool:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return False
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("404", "NoSuchKey", "NotFound") or status == 404
+
+
+def _describe_error(exc: Exception) -> str:
+    """botocore's error code, or the exception's class: never a signed URL or a credential."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        error = response.get("Error", {})
+        code = str(error.get("Code", "")) or "error"
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return f"{code}, HTTP {status}" if status else code
+    return type(exc).__name__
+
+
+# --------------------------------------------------------------------------- choosing one
+
+def open_storage(storage_url: str, *, s3_endpoint_url: str | None = None) -> Storage:
+    """FileStorage for file:///abs/path, S3Storage for s3://bucket[/prefix]."""
+    parts = urlsplit(storage_url or "")
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise ValueError("STORAGE_URL file:// needs an absolute path, like file:///var/lib/longcall")
+        return FileStorage(unquote(parts.path))
+    if parts.scheme == "s3":
+        if not parts.netloc:
+            raise ValueError("STORAGE_URL s3:// needs a bucket, like s3://bucket/prefix")
+        return S3Storage(parts.netloc, parts.path, endpoint_url=s3_endpoint_url)
+    raise ValueError("STORAGE_URL must be file:// or s3://")

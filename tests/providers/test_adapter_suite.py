@@ -1,0 +1,310 @@
+"""The suite every adapter passes, each pointed at the real simulator over
+HTTP (its native protocol, or its emulation of the provider's wire protocol
+under /replicate, /fal, /kie)."""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from app.providers.base import (
+    Observation,
+    Provider,
+    Rejected,
+    Submitted,
+    SubmitRequest,
+    Task,
+    TaskState,
+    Transient,
+    Uncertain,
+    WebhookRequest,
+)
+from app.providers.fal import FalProvider
+from app.providers.kie import KieProvider
+from app.providers.replicate import ReplicateProvider
+from app.providers.sim import SimProvider
+from support.simulator import RunningSimulator, clear_faults, set_faults, stats
+
+SUBMIT_TIMEOUT_S = 1.5
+SERVER_KEYS = (b"suite-server-key-0123456789abcdef",)
+FAST = {"duration_s": 0.4}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    make: Callable[[str, float], Provider]  # (simulator URL, timeout) → adapter
+    reports_cost: bool = False
+
+    def __str__(self) -> str:
+        return self.name
+
+
+CASES = [
+    Case("sim", "image-fast", lambda url, t: SimProvider(url, timeout_s=t), reports_cost=True),
+    Case("replicate", "acme/image-model",
+         lambda url, t: ReplicateProvider(url + "/replicate", "r8_suite_token", timeout_s=t)),
+    Case("fal", "fal-ai/flux/dev",
+         lambda url, t: FalProvider(url + "/fal", "suite-fal-key", timeout_s=t,
+                                    jwks_url=url + "/fal/.well-known/jwks.json")),
+    Case("kie", "acme/image-model",
+         lambda url, t: KieProvider(url + "/kie", "suite-kie-key", secret_keys=SERVER_KEYS, timeout_s=t)),
+]
+
+
+@pytest.fixture(scope="module")
+def simulator():
+    with RunningSimulator() as sim:
+        yield sim.url
+
+
+@pytest.fixture(params=CASES, ids=str)
+async def case(request, simulator):
+    clear_faults(simulator)
+    case: Case = request.param
+    adapter = case.make(simulator, SUBMIT_TIMEOUT_S)
+    yield case, adapter, simulator
+    await adapter.aclose()
+    clear_faults(simulator)
+
+
+def new_job_id() -> str:
+    return "job_" + secrets.token_hex(12)
+
+
+def submit_request(case: Case, callback_base: str | None = None, **controls) -> SubmitRequest:
+    job_id = new_job_id()
+    callback = f"{callback_base}/webhooks/{case.name}/{job_id}" if callback_base else None
+    return SubmitRequest(job_id=job_id, model=case.model, input={"prompt": "a cat", **controls},
+                         callback_url=callback)
+
+
+def task_of(request: SubmitRequest, submitted: Submitted) -> Task:
+    return Task(task_id=submitted.task_id, operation=submitted.operation, model=request.model)
+
+
+async def wait_until_final(adapter: Provider, task: Task, timeout_s: float = 10.0) -> Observation:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        observation = await adapter.status(task)
+        if observation.state is not TaskState.RUNNING or time.monotonic() > deadline:
+            return observation
+        await asyncio.sleep(0.1)
+
+
+def host_allowed(url: str, hosts: tuple[str, ...]) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    return any(host == h or (h.startswith(".") and host.endswith(h)) for h in hosts)
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+async def test_submit_runs_then_succeeds_with_outputs(case):
+    case, adapter, sim_url = case
+    request = submit_request(case, outputs=2, cost=3, output_bytes=100, **FAST)
+    submitted = await adapter.submit(request, request.job_id)
+    assert submitted.task_id
+    task = task_of(request, submitted)
+
+    assert (await adapter.status(task)).state is TaskState.RUNNING
+    final = await wait_until_final(adapter, task)
+    assert final.state is TaskState.SUCCEEDED, final
+    assert len(final.output_urls) == 2 and final.error is None
+    assert final.cost == (3 if case.reports_cost else None)
+    async with httpx.AsyncClient(trust_env=False) as client:
+        for url in final.output_urls:
+            assert host_allowed(url, adapter.facts.output_hosts), url
+            response = await client.get(url)
+            assert response.status_code == 200 and len(response.content) == 100
+
+
+async def test_failed_outcome_is_failed_with_a_reason(case):
+    case, adapter, _ = case
+    request = submit_request(case, outcome="failed", **FAST)
+    submitted = await adapter.submit(request, request.job_id)
+    final = await wait_until_final(adapter, task_of(request, submitted))
+    assert final.state is TaskState.FAILED
+    assert final.error and final.output_urls == ()
+
+
+async def test_cancel(case):
+    case, adapter, _ = case
+    request = submit_request(case, duration_s=30)
+    submitted = await adapter.submit(request, request.job_id)
+    task = task_of(request, submitted)
+    await adapter.cancel(task)
+    observation = await adapter.status(task)
+    if case.name == "kie":
+        # KIE has no cancel endpoint: the task runs on.
+        assert observation.state is TaskState.RUNNING
+    else:
+        assert observation.state is TaskState.CANCELLED
+    await adapter.cancel(task)  # cancelling again is not an error
+
+
+async def test_cancel_after_finish_is_not_an_error(case):
+    case, adapter, _ = case
+    request = submit_request(case, duration_s=0)
+    submitted = await adapter.submit(request, request.job_id)
+    task = task_of(request, submitted)
+    assert (await wait_until_final(adapter, task)).state is TaskState.SUCCEEDED
+    await adapter.cancel(task)
+    assert (await adapter.status(task)).state is TaskState.SUCCEEDED
+
+
+# ------------------------------------------------------------------ webhooks
+
+
+def tamper(case: Case, hook: WebhookRequest) -> WebhookRequest:
+    """The same webhook with one byte changed where the scheme looks: the
+    body (signed schemes) or the capability token (KIE)."""
+    if case.name == "kie":
+        token = hook.query["token"]
+        changed = ("A" if token[5] != "A" else "B")
+        return WebhookRequest(hook.job_id, hook.headers, {**hook.query, "token": token[:5] + changed + token[6:]},
+                              hook.raw_body, hook.job_secret)
+    body = hook.raw_body
+    return WebhookRequest(hook.job_id, hook.headers, hook.query, body[:-2] + bytes([body[-2] ^ 1]) + body[-1:],
+                          hook.job_secret)
+
+
+async def test_webhook_verifies_and_one_changed_byte_does_not(case, receiver):
+    case, adapter, _ = case
+    request = submit_request(case, callback_base=receiver.url, duration_s=0.2)
+    submitted = await adapter.submit(request, request.job_id)
+    arrival = await receiver.wait_for(f"/webhooks/{case.name}/{request.job_id}")
+
+    hook = WebhookRequest(job_id=request.job_id, headers=arrival.headers, query=arrival.query,
+                          raw_body=arrival.body, job_secret=submitted.webhook_secret)
+    assert await adapter.verify(hook)
+    assert not await adapter.verify(tamper(case, hook))
+    if case.name in ("sim", "kie"):
+        # Bound to one job: replayed at another job's URL (which has its own
+        # secret, for sim), it is refused.
+        other = WebhookRequest(new_job_id(), hook.headers, hook.query, hook.raw_body, secrets.token_urlsafe(32))
+        assert not await adapter.verify(other)
+    if case.name == "sim":
+        assert submitted.webhook_secret
+        assert not await adapter.verify(WebhookRequest(hook.job_id, hook.headers, hook.query, hook.raw_body, None))
+    if case.name == "kie":
+        # The body is never what KIE's check rests on.
+        body_changed = WebhookRequest(hook.job_id, hook.headers, hook.query, hook.raw_body + b" ", None)
+        assert await adapter.verify(body_changed)
+        assert request.callback_url not in repr(submitted)
+
+
+async def test_unsigned_webhook_is_refused(case):
+    case, adapter, _ = case
+    hook = WebhookRequest(job_id=new_job_id(), headers={}, query={}, raw_body=b'{"status":"succeeded"}',
+                          job_secret="some-secret")
+    assert not await adapter.verify(hook)
+
+
+# ------------------------------------------------------------------ one task per job
+
+
+async def test_resubmit_or_find_recovers_the_same_task(case, receiver):
+    case, adapter, sim_url = case
+    request = submit_request(case, callback_base=receiver.url, duration_s=30)
+    first = await adapter.submit(request, request.job_id)
+    if case.name == "sim":
+        again = await adapter.submit(request, request.job_id)
+        assert again.task_id == first.task_id
+        assert stats(sim_url)["creates_by_idempotency_key"][request.job_id] == 1
+    elif case.name == "replicate":
+        found = await adapter.find(request)
+        assert found is not None and found.task_id == first.task_id
+        no_callback = SubmitRequest(request.job_id, request.model, request.input, None)
+        assert await adapter.find(no_callback) is None
+        elsewhere = SubmitRequest(new_job_id(), request.model, request.input,
+                                  f"{receiver.url}/webhooks/replicate/{new_job_id()}")
+        assert await adapter.find(elsewhere) is None
+    else:
+        assert not adapter.facts.can_find
+        assert await adapter.find(request) is None
+    await adapter.cancel(task_of(request, first))
+
+
+# ------------------------------------------------------------------ faults
+
+
+async def test_submit_error_is_uncertain(case):
+    case, adapter, sim_url = case
+    set_faults(sim_url, submit_error=1)
+    before = stats(sim_url)["tasks_created"]
+    request = submit_request(case, **FAST)
+    with pytest.raises(Uncertain):
+        await adapter.submit(request, request.job_id)
+    assert stats(sim_url)["tasks_created"] == before
+
+
+async def test_submit_timeout_after_create_is_uncertain_and_the_task_exists(case, receiver):
+    case, adapter, sim_url = case
+    set_faults(sim_url, submit_timeout_after_create=1)
+    request = submit_request(case, callback_base=receiver.url, duration_s=30)
+    started = time.monotonic()
+    with pytest.raises(Uncertain):
+        await adapter.submit(request, request.job_id)
+    assert time.monotonic() - started < SUBMIT_TIMEOUT_S + 2
+    clear_faults(sim_url)
+    counts = stats(sim_url)["creates_by_callback_url"]
+    assert sum(n for url, n in counts.items() if url.startswith(request.callback_url)) == 1
+    if case.name == "sim":
+        # Idempotent: submitting again returns the task the lost answer named.
+        again = await adapter.submit(request, request.job_id)
+        assert stats(sim_url)["creates_by_idempotency_key"][request.job_id] == 1
+        await adapter.cancel(task_of(request, again))
+    if case.name == "replicate":
+        found = await adapter.find(request)
+        assert found is not None
+        assert (await adapter.status(task_of(request, found))).state is TaskState.RUNNING
+        await adapter.cancel(task_of(request, found))
+
+
+async def test_status_error_is_transient(case):
+    case, adapter, sim_url = case
+    request = submit_request(case, **FAST)
+    submitted = await adapter.submit(request, request.job_id)
+    set_faults(sim_url, status_error=1)
+    with pytest.raises(Transient):
+        await adapter.status(task_of(request, submitted))
+    clear_faults(sim_url)
+    assert (await adapter.status(task_of(request, submitted))).state in (TaskState.RUNNING, TaskState.SUCCEEDED)
+
+
+async def test_validation_error_is_rejected_and_creates_nothing(case):
+    case, adapter, sim_url = case
+    before = stats(sim_url)["tasks_created"]
+    request = submit_request(case, duration_s="soon")
+    with pytest.raises(Rejected) as caught:
+        await adapter.submit(request, request.job_id)
+    assert "duration_s" in str(caught.value)
+    assert stats(sim_url)["tasks_created"] == before
+
+
+async def test_unknown_task_status_is_rejected(case):
+    case, adapter, _ = case
+    task = Task(task_id="nosuchtask0123456789abcdef", model=case.model)
+    with pytest.raises(Rejected):
+        await adapter.status(task)
+
+
+async def test_connection_refused_is_transient(case, closed_port_url):
+    case, _, _ = case
+    adapter = case.make(closed_port_url, SUBMIT_TIMEOUT_S)
+    try:
+        request = submit_request(case, **FAST)
+        with pytest.raises(Transient):
+            await adapter.submit(request, request.job_id)
+        with pytest.raises(Transient):
+            await adapter.status(Task(task_id="t1", model=case.model))
+    finally:
+        await adapter.aclose()

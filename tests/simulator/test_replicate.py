@@ -1,0 +1,194 @@
+"""Replicate's wire protocol under /replicate."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import time
+
+import httpx
+import pytest
+
+from app.signing.webhooks import verify_standard_webhooks
+from app.simulator import output_sha256
+
+from .helpers import wait_until
+
+AUTH = {"Authorization": "Bearer r8_test"}
+FIELDS = {
+    "id", "model", "version", "input", "logs", "output", "data_removed", "error", "source", "status",
+    "created_at", "started_at", "completed_at", "urls", "metrics", "webhook", "webhook_events_filter",
+}
+
+
+def create(client: httpx.Client, input: dict, **body) -> httpx.Response:
+    return client.post("/replicate/v1/predictions", json={"version": "owner/model:abc123", "input": input, **body},
+                       headers=AUTH)
+
+
+def get(client: httpx.Client, prediction: dict) -> dict:
+    response = client.get(prediction["urls"]["get"], headers=AUTH)
+    assert response.status_code == 200
+    return response.json()
+
+
+def wait_status(client: httpx.Client, prediction: dict, statuses: tuple[str, ...]) -> dict:
+    return wait_until(lambda: (p := get(client, prediction))["status"] in statuses and p, 5, str(statuses))
+
+
+@pytest.mark.parametrize("method, path", [
+    ("POST", "/replicate/v1/predictions"),
+    ("POST", "/replicate/v1/models/a/b/predictions"),
+    ("GET", "/replicate/v1/predictions"),
+    ("GET", "/replicate/v1/predictions/abc"),
+    ("POST", "/replicate/v1/predictions/abc/cancel"),
+    ("GET", "/replicate/v1/webhooks/default/secret"),
+])
+@pytest.mark.parametrize("auth", [None, "Bearer", "Basic abc", "Key abc"])
+def test_every_route_wants_a_token(client, method, path, auth):
+    headers = {"Authorization": auth} if auth else {}
+    response = client.request(method, path, headers=headers, json={"version": "v", "input": {}})
+    assert response.status_code == 401
+    assert response.json()["status"] == 401
+    assert client.get("/_sim/stats").json()["tasks_created"] == 0
+
+
+def test_prediction_goes_starting_processing_succeeded(client):
+    response = create(client, {"prompt": "cat", "duration_s": 0.6, "outputs": 2, "output_bytes": 4096})
+    assert response.status_code == 201
+    prediction = response.json()
+    assert set(prediction) == FIELDS
+    assert prediction["status"] == "starting"
+    assert prediction["model"] == "owner/model" and prediction["version"] == "abc123"
+    assert prediction["input"]["prompt"] == "cat"
+    assert prediction["output"] is None and prediction["error"] is None and prediction["started_at"] is None
+    assert prediction["created_at"].endswith("Z")
+    assert prediction["urls"]["cancel"] == prediction["urls"]["get"] + "/cancel"
+    assert prediction["urls"]["get"].endswith(f"/replicate/v1/predictions/{prediction['id']}")
+    assert len(prediction["id"]) == 26
+
+    processing = wait_status(client, prediction, ("processing",))
+    assert processing["started_at"] is not None and processing["completed_at"] is None
+    done = wait_status(client, prediction, ("succeeded",))
+    assert done["completed_at"] is not None and done["metrics"]["predict_time"] > 0
+    assert len(done["output"]) == 2
+    for index, url in enumerate(done["output"]):
+        body = httpx.get(url, trust_env=False).content
+        assert hashlib.sha256(body).hexdigest() == output_sha256(prediction["id"], index, 4096)
+
+
+def test_create_by_model_and_by_bare_version(client):
+    by_model = client.post("/replicate/v1/models/black-forest-labs/flux-schnell/predictions",
+                           json={"input": {"duration_s": 5}}, headers=AUTH)
+    assert by_model.status_code == 201
+    assert by_model.json()["model"] == "black-forest-labs/flux-schnell"
+    assert len(by_model.json()["version"]) == 64
+    bare = client.post("/replicate/v1/predictions", json={"version": "5c7d5dc6", "input": {}}, headers=AUTH)
+    assert bare.status_code == 201 and bare.json()["version"] == "5c7d5dc6"
+
+
+def test_failed_prediction_has_an_error_string(client):
+    prediction = create(client, {"duration_s": 0.1, "outcome": "failed"}).json()
+    done = wait_status(client, prediction, ("failed",))
+    assert isinstance(done["error"], str) and done["error"] and done["output"] is None
+
+
+def test_cancel_makes_it_canceled_and_a_finished_one_stays(client):
+    prediction = create(client, {"duration_s": 30}).json()
+    response = client.post(prediction["urls"]["cancel"], headers=AUTH)
+    assert response.status_code == 200 and response.json()["status"] == "canceled"
+    assert get(client, prediction)["status"] == "canceled"
+    assert get(client, prediction)["completed_at"] is not None
+    finished = create(client, {"duration_s": 0}).json()
+    assert client.post(finished["urls"]["cancel"], headers=AUTH).json()["status"] == "succeeded"
+    assert client.get("/replicate/v1/predictions/nope", headers=AUTH).status_code == 404
+    assert client.post("/replicate/v1/predictions/nope/cancel", headers=AUTH).status_code == 404
+
+
+def test_idempotency_key_is_ignored_like_replicate_does(client):
+    headers = {**AUTH, "Idempotency-Key": "same"}
+    body = {"version": "a/b:1", "input": {"duration_s": 5}}
+    first = client.post("/replicate/v1/predictions", json=body, headers=headers).json()
+    second = client.post("/replicate/v1/predictions", json=body, headers=headers).json()
+    assert first["id"] != second["id"]
+    stats = client.get("/_sim/stats").json()
+    assert stats["tasks_created"] == 2 and stats["creates_by_idempotency_key"] == {}
+
+
+def test_list_is_newest_first_and_cursor_paginated(client):
+    ids = [create(client, {"duration_s": 30}).json()["id"] for _ in range(101)]
+    client.post("/v1/tasks", json={"model": "m", "input": {}})  # other protocols are not listed
+    page = client.get("/replicate/v1/predictions", headers=AUTH).json()
+    assert page["previous"] is None
+    assert [p["id"] for p in page["results"]] == ids[::-1][:100]
+    assert page["next"] is not None
+    last = client.get(page["next"], headers=AUTH).json()
+    assert [p["id"] for p in last["results"]] == [ids[0]]
+    assert last["next"] is None
+    assert client.get("/replicate/v1/predictions?cursor=%%%", headers=AUTH).status_code == 400
+
+
+def test_list_is_empty_without_predictions(client):
+    assert client.get("/replicate/v1/predictions", headers=AUTH).json() == {
+        "previous": None, "next": None, "results": []}
+
+
+def test_the_account_webhook_secret_is_one_whsec_key(client):
+    key = client.get("/replicate/v1/webhooks/default/secret", headers=AUTH).json()["key"]
+    assert key.startswith("whsec_")
+    assert len(base64.b64decode(key[len("whsec_"):], validate=True)) == 32
+    assert client.get("/replicate/v1/webhooks/default/secret", headers={"Authorization": "Bearer other"}
+                      ).json()["key"] == key
+
+
+def test_completed_webhook_is_signed_with_standard_webhooks(client, receiver):
+    secret = client.get("/replicate/v1/webhooks/default/secret", headers=AUTH).json()["key"]
+    prediction = create(client, {"duration_s": 0.1}, webhook=f"{receiver.url}/webhooks/replicate/job_1",
+                        webhook_events_filter=["completed"]).json()
+    assert prediction["webhook"].endswith("/webhooks/replicate/job_1")
+    assert prediction["webhook_events_filter"] == ["completed"]
+    (hook,) = receiver.wait_for(1)
+    assert verify_standard_webhooks(hook.headers, hook.body, secret, time.time())
+    assert not verify_standard_webhooks(hook.headers, hook.body + b"x", secret, time.time())
+    assert hook.headers["webhook-id"] and hook.headers["webhook-timestamp"].isdigit()
+    body = json.loads(hook.body)
+    assert body["id"] == prediction["id"] and body["status"] == "succeeded" and len(body["output"]) == 1
+    time.sleep(0.3)
+    assert len(receiver.received) == 1
+
+
+def test_default_events_send_start_and_completed(client, receiver):
+    create(client, {"duration_s": 0.3}, webhook=f"{receiver.url}/hook")
+    start, completed = receiver.wait_for(2)
+    assert json.loads(start.body)["status"] == "starting"
+    assert json.loads(completed.body)["status"] == "succeeded"
+    assert start.headers["webhook-id"] != completed.headers["webhook-id"]
+
+
+def test_canceled_prediction_sends_its_completed_webhook(client, receiver):
+    prediction = create(client, {"duration_s": 30}, webhook=f"{receiver.url}/hook",
+                        webhook_events_filter=["completed"]).json()
+    client.post(prediction["urls"]["cancel"], headers=AUTH)
+    (hook,) = receiver.wait_for(1)
+    assert json.loads(hook.body)["status"] == "canceled"
+
+
+@pytest.mark.parametrize("body, status", [
+    ({"input": {}}, 422),
+    ({"version": "", "input": {}}, 422),
+    ({"version": "a/b:1"}, 422),
+    ({"version": "a/b:1", "input": "x"}, 422),
+    ({"version": "a/b:1", "input": {}, "webhook": "not a url"}, 422),
+    ({"version": "a/b:1", "input": {}, "webhook_events_filter": ["finished"]}, 422),
+    ({"version": "a/b:1", "input": {}, "webhook_events_filter": "completed"}, 422),
+    ({"version": "a/b:1", "input": {"duration_s": -1}}, 422),
+    ([1], 400),
+])
+def test_invalid_create_is_rejected_and_creates_nothing(client, body, status):
+    response = client.post("/replicate/v1/predictions", json=body, headers=AUTH)
+    assert response.status_code == status
+    assert response.json()["status"] == status and response.json()["detail"]
+    assert client.post("/replicate/v1/predictions", content=b"{oops", headers=AUTH).status_code == 400
+    huge = b'{"version": "a/b:1", "input": {"prompt": 1e400}}'  # would be inf, which no answer can echo
+    assert client.post("/replicate/v1/predictions", content=huge, headers=AUTH).status_code == 400
+    assert client.get("/_sim/stats").json()["tasks_created"] == 0

@@ -1,0 +1,56 @@
+"""`longcall dev` on a fresh directory: embedded PostgreSQL, simulator, web,
+settler, the demo batch, then serving until Ctrl-C."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from app.embedded import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_dev_runs_the_demo_and_serves_until_ctrl_c(tmp_path):
+    port, sim_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY", "PUBLIC_URL")}
+    env.update(PORT=str(port), SIM_URL=f"http://127.0.0.1:{sim_port}", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "app", "dev"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = []
+    reader = threading.Thread(target=lambda: out.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("Ctrl-C to stop" in line for line in list(out)):
+            assert proc.poll() is None, "".join(out)
+            assert time.monotonic() < deadline, "".join(out)
+            time.sleep(0.2)
+        text = "".join(out)
+        assert "sim       succeeded" in text and "error: provider_failed" in text, text
+        for provider in ("replicate", "fal", "kie"):
+            assert f"{provider:<9} succeeded" in text, text
+        key = json.loads((tmp_path / ".longcall" / "demo.json").read_text())["api_key"]
+        assert key in text  # printed once, for the user's curl line
+        base = f"http://127.0.0.1:{port}"
+        headers = {"Authorization": f"Bearer {key}"}
+        job = httpx.post(f"{base}/v1/jobs", headers=headers, json={
+            "provider": "sim", "model": "m", "input": {"duration_s": 0.2}, "max_credits": 5}).json()
+        for _ in range(100):
+            got = httpx.get(f"{base}/v1/jobs/{job['id']}", headers=headers).json()
+            if got["status"] == "succeeded":
+                break
+            time.sleep(0.1)
+        assert got["status"] == "succeeded"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    # the embedded server was stopped with it
+    assert not (tmp_path / ".longcall" / "pg" / "postmaster.pid").exists()
