@@ -30,12 +30,12 @@ class Context:
 
     @classmethod
     async def open(cls, settings: Settings, *, pool_size: int = 10,
-                   provider_timeout_s: float = 30.0) -> "Context":
+                   provider_timeout_s: float | None = None) -> "Context":
         pool = await db.create_pool(settings.database_url, role="settler", min_size=1, max_size=pool_size)
         download_dir = os.path.join(tempfile.gettempdir(), f"longcall-downloads-{os.getpid()}")
         os.makedirs(download_dir, exist_ok=True)
         return cls(settings=settings, pool=pool,
-                   providers=build_providers(settings, timeout_s=provider_timeout_s),
+                   providers=build_providers(settings, timeout_s=provider_timeout_s or settings.provider_timeout_s),
                    storage=open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url),
                    secretbox=SecretBox(settings.secret_keys), metrics=Metrics(),
                    download_dir=download_dir)

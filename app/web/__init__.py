@@ -77,7 +77,7 @@ def create_app(settings: Settings, *, pool_size: int = 20) -> Starlette:
         state.secretbox = SecretBox(settings.secret_keys)
         state.pool = await db.create_pool(settings.database_url, role="web", min_size=2,
                                           max_size=pool_size)
-        state.providers = build_providers(settings)
+        state.providers = build_providers(settings, timeout_s=settings.provider_timeout_s)
         state.storage = open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url)
         state.job_changes = JobChanges(settings.database_url)
         await state.job_changes.start()
