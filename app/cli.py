@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Sequence
 
+import asyncpg
+
 from app.config import ConfigError, Settings, load_settings
 
 
@@ -281,3 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except (OSError, asyncio.TimeoutError) as e:
+        # Raised by any command that reaches for the database and cannot.
+        print(f"longcall: cannot reach the database ({type(e).__name__})", file=sys.stderr)
+        return 1
+    except asyncpg.PostgresError as e:
+        print(f"longcall: database error: {type(e).__name__}", file=sys.stderr)
+        return 1

@@ -1,0 +1,63 @@
+"""`longcall status`: one screen from the database. Settlers are counted
+from pg_stat_activity by application name (no heartbeat table to keep)."""
+from __future__ import annotations
+
+from app import db
+from app.config import Settings
+
+QUERIES = {
+    "jobs": "select status, count(*) as n from jobs group by status order by status",
+    "intents": """
+        select kind, count(*) as n,
+               count(*) filter (where not_before <= now()) as due,
+               count(*) filter (where claimed_until > now()) as claimed,
+               extract(epoch from now() - min(not_before) filter (where not_before <= now())) as oldest_due_s
+        from outbox group by kind order by kind""",
+    "uncertain": """
+        select id, provider, created_at, last_error from jobs where status = 'uncertain'
+        order by created_at limit 10""",
+    "exhausted": "select count(*) from jobs where error_code = 'settle_exhausted'",
+    "settlers": """
+        select count(*) filter (where application_name = 'longcall-settler-listen') as settlers,
+               count(*) filter (where application_name like 'longcall-web%') as web_connections
+        from pg_stat_activity where datname = current_database()""",
+}
+
+
+async def collect(conn) -> dict:
+    return {
+        "jobs": {r["status"]: r["n"] for r in await conn.fetch(QUERIES["jobs"])},
+        "intents": [dict(r) for r in await conn.fetch(QUERIES["intents"])],
+        "uncertain": [dict(r) for r in await conn.fetch(QUERIES["uncertain"])],
+        "exhausted": await conn.fetchval(QUERIES["exhausted"]),
+        "activity": dict(await conn.fetchrow(QUERIES["settlers"])),
+    }
+
+
+def render(s: dict) -> str:
+    jobs = s["jobs"]
+    order = ["queued", "submitting", "running", "uncertain", "succeeded", "failed", "cancelled", "expired"]
+    lines = ["jobs:     " + "  ".join(f"{k} {jobs.get(k, 0)}" for k in order)]
+    if s["intents"]:
+        for i in s["intents"]:
+            oldest = f", oldest due {i['oldest_due_s']:.0f}s ago" if i["oldest_due_s"] is not None else ""
+            lines.append(f"intents:  {i['kind']:<7} {i['n']} open, {i['due']} due, {i['claimed']} claimed{oldest}")
+    else:
+        lines.append("intents:  none")
+    lines.append(f"settlers: {s['activity']['settlers']} connected "
+                 f"(web connections: {s['activity']['web_connections']})")
+    lines.append(f"settle_exhausted jobs: {s['exhausted']}")
+    lines.append(f"uncertain jobs: {jobs.get('uncertain', 0)}"
+                 + (" — resolve with: longcall jobs resolve JOB_ID (--task-id ID | --failed)" if s["uncertain"] else ""))
+    for u in s["uncertain"]:
+        lines.append(f"  {u['id']} {u['provider']} since {u['created_at']:%Y-%m-%d %H:%M:%S} {u['last_error'] or ''}")
+    return "\n".join(lines)
+
+
+async def status_command(settings: Settings) -> int:
+    conn = await db.connect(settings.database_url, role="status")
+    try:
+        print(render(await collect(conn)))
+    finally:
+        await conn.close()
+    return 0

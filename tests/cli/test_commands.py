@@ -1,0 +1,94 @@
+"""The `longcall` command: owners, keys, grants, errors as one line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def run(migrated, db):
+    def run(*args, env=None, ok=True):
+        base = {"PATH": os.environ["PATH"], "DATABASE_URL": migrated, "PYTHONPATH": str(REPO)}
+        base.update(env or {})
+        p = subprocess.run([sys.executable, "-m", "app", *args], cwd=REPO, env=base,
+                           capture_output=True, text=True, timeout=60)
+        if ok:
+            assert p.returncode == 0, p.stderr
+        return p
+    return run
+
+
+def test_owners_keys_and_grants(run, db):
+    out = json.loads(run("owners", "create", "acme", "--credits", "50", "--max-active", "3", "--json").stdout)
+    assert set(out) == {"owner_id", "api_key"} and out["api_key"].startswith("lc_")
+    owner = out["owner_id"]
+    run("owners", "grant", owner, "25")
+    second = json.loads(run("keys", "create", owner, "--json").stdout)["api_key"]
+    assert second != out["api_key"]
+    run("keys", "revoke", second[:12])
+    p = run("keys", "revoke", second[:12], ok=False)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
+    text = run("owners", "create", "plain").stdout
+    assert "api_key:" in text and "owner_id:" in text
+
+
+async def test_numbers_after_commands(run, db):
+    owner = json.loads(run("owners", "create", "acme", "--credits", "50", "--json").stdout)["owner_id"]
+    run("owners", "grant", owner, "25")
+    row = await db.fetchrow("select * from owners where id = $1", owner)
+    assert (row["granted"], row["balance"], row["max_active"]) == (75, 75, 10)
+    assert await db.fetchval("select sum(amount) from ledger where owner_id = $1 and kind = 'grant'", owner) == 75
+    # keys are stored hashed, never in clear
+    key = json.loads(run("keys", "create", owner, "--json").stdout)["api_key"]
+    stored = await db.fetch("select prefix, key_hash from api_keys where owner_id = $1", owner)
+    assert all(key.encode() not in bytes(r["key_hash"]) and r["prefix"] != key for r in stored)
+
+
+@pytest.mark.parametrize("args,code", [
+    (("owners", "grant", "own_000000000000000000000000", "5"), 1),
+    (("owners", "grant", "own_x", "-5"), 1),
+    (("owners", "create", "x", "--credits", "lots"), 2),
+    (("keys", "revoke", "lc_nope"), 1),
+    (("jobs", "resolve", "job_000000000000000000000000", "--failed"), 1),
+    (("jobs", "resolve", "nope", "--failed"), 1),
+    (("jobs", "resolve", "job_000000000000000000000000"), 2),
+    (("frobnicate",), 2),
+])
+def test_bad_arguments_are_one_line_errors(run, args, code):
+    p = run(*args, ok=False)
+    assert p.returncode == code, (p.stdout, p.stderr)
+    assert p.stderr.strip().count("\n") == 0 and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x"}, "cannot"),
+    ({"DATABASE_URL": ""}, "DATABASE_URL is required"),
+    ({"DATABASE_URL": "mysql://x"}, "postgresql://"),
+])
+def test_unreachable_or_missing_database(run, env, needle):
+    for args in (("migrate",), ("owners", "create", "x"), ("status",), ("sweep", "--once")):
+        p = run(*args, env=env, ok=False)
+        assert p.returncode != 0 and needle in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+        assert p.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({}, "SECRET_KEY is required"),
+    ({"SECRET_KEY": "short"}, "SECRET_KEY must be at least 16"),
+    ({"SECRET_KEY": "x" * 20, "STORAGE_URL": "ftp://x"}, "STORAGE_URL must be file:// or s3://"),
+    ({"SECRET_KEY": "x" * 20, "PUBLIC_URL": "http://example.com"}, "PUBLIC_URL must be https"),
+    ({"SECRET_KEY": "x" * 20, "SWEEP_INTERVAL_S": "soon"}, "SWEEP_INTERVAL_S must be a number"),
+    ({"SECRET_KEY": "x" * 20, "LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
+])
+def test_configuration_is_checked_at_start(run, env, needle):
+    for args in (("serve", "--port", "1"), ("settler",)):
+        p = run(*args, env=env, ok=False)
+        assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert p.stderr.strip().count("\n") == 0
