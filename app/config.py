@@ -102,6 +102,7 @@ class Settings:
     give_up_after_s_by_provider: Mapping[str, float] = field(default_factory=dict)
     log_level: str = "INFO"
     provider_timeout_s: float = 30.0
+    settler_lease_s: float = 60.0
 
     def give_up_after(self, provider: str) -> float:
         return self.give_up_after_s_by_provider.get(provider, self.give_up_after_s)
@@ -201,4 +202,5 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         give_up_after_s_by_provider=by_provider,
         log_level=level,
         provider_timeout_s=_float(env, "PROVIDER_TIMEOUT_S", 30.0, minimum=0.1),
+        settler_lease_s=_float(env, "SETTLER_LEASE_S", 60.0, minimum=1.0),
     )

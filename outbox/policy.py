@@ -6,8 +6,6 @@ import random
 
 from app.providers.base import ProviderFacts
 
-LEASE_S = 60.0  # a claim's lease; kept alive while the work runs
-LEASE_RENEW_EVERY_S = 20.0
 # Consecutive failed attempts (errors, not normal "ask later" waits) before
 # an intent gives up: the job then fails with a refund (settle_exhausted).
 MAX_ATTEMPTS = {"submit": 8, "settle": 10, "cancel": 5}

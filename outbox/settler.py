@@ -43,10 +43,10 @@ def _epoch(value) -> float | None:
 
 class Settler:
     def __init__(self, ctx: Context, concurrency: int, *, sweep_interval_s: float | None = None,
-                 lease_s: float = policy.LEASE_S):
+                 lease_s: float | None = None):
         self.ctx = ctx
         self.concurrency = concurrency
-        self.lease_s = lease_s
+        self.lease_s = lease_s or ctx.settings.settler_lease_s
         self.sweep_interval_s = ctx.settings.sweep_interval_s if sweep_interval_s is None else sweep_interval_s
         self.running: dict[int, tuple[intents.Intent, asyncio.Task]] = {}
         self.wake = asyncio.Event()
@@ -211,7 +211,7 @@ class Settler:
 
     async def _keep_leases(self) -> None:
         while True:
-            await asyncio.sleep(policy.LEASE_RENEW_EVERY_S)
+            await asyncio.sleep(self.lease_s / 3)
             ids = list(self.running)
             if not ids:
                 continue
