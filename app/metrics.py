@@ -3,7 +3,7 @@ oldest due intent) are computed only when scraped, so an idle system issues
 no queries for them."""
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 JOBS_CREATED = Counter("longcall_jobs_created_total", "Jobs created", ["provider"])
 JOBS_FINISHED = Counter("longcall_jobs_finished_total", "Jobs that reached a terminal state",
@@ -22,6 +22,46 @@ DOWNLOAD_BYTES = Histogram("longcall_download_bytes", "Bytes per downloaded outp
 INTENTS = Counter("longcall_intents_total", "Outbox intents processed", ["kind", "outcome"])
 SWEEPS = Counter("longcall_sweeps_total", "Backstop sweep passes")
 SWEEP_FOUND = Counter("longcall_sweep_found_total", "What the sweep found", ["what"])
+
+
+HTTP_REQUESTS = Counter("longcall_http_requests_total", "HTTP requests by route and status",
+                        ["method", "route", "status"])
+
+# Levels, read from the database only when /metrics is scraped.
+OUTBOX_INTENTS = Gauge("longcall_outbox_intents", "Open outbox intents", ["kind"])
+OUTBOX_DUE = Gauge("longcall_outbox_due_intents", "Outbox intents due now", ["kind"])
+OUTBOX_OLDEST_DUE = Gauge("longcall_outbox_oldest_due_seconds",
+                          "Age of the oldest due, unclaimed intent (0 when none)")
+JOBS_IN_FLIGHT = Gauge("longcall_jobs_in_flight", "Jobs not yet terminal", ["status"])
+
+GAUGES_QUERY = """
+select 'outbox' as what, kind as label, count(*) as n,
+       count(*) filter (where not_before <= now()) as due,
+       coalesce(extract(epoch from now() - min(not_before)
+                filter (where not_before <= now() and (claimed_until is null or claimed_until <= now()))), 0) as oldest
+from outbox group by kind
+union all
+select 'jobs', status, count(*), 0, 0 from jobs
+where status in ('queued', 'submitting', 'running', 'uncertain') group by status
+"""
+
+
+async def collect_gauges(pool) -> None:
+    rows = await pool.fetch(GAUGES_QUERY)
+    oldest = 0.0
+    for kind in ("submit", "settle", "cancel"):
+        OUTBOX_INTENTS.labels(kind).set(0)
+        OUTBOX_DUE.labels(kind).set(0)
+    for status in ("queued", "submitting", "running", "uncertain"):
+        JOBS_IN_FLIGHT.labels(status).set(0)
+    for r in rows:
+        if r["what"] == "outbox":
+            OUTBOX_INTENTS.labels(r["label"]).set(r["n"])
+            OUTBOX_DUE.labels(r["label"]).set(r["due"])
+            oldest = max(oldest, float(r["oldest"]))
+        else:
+            JOBS_IN_FLIGHT.labels(r["label"]).set(r["n"])
+    OUTBOX_OLDEST_DUE.set(oldest)
 
 
 class Metrics:

@@ -237,12 +237,20 @@ class Settler:
                         await intents.release(conn, intent)
 
 
-async def run_settler(settings: Settings, *, concurrency: int = 16, metrics_port: int | None = None) -> int:
-    if metrics_port:
-        from prometheus_client import start_http_server
+async def _serve_metrics(pool, port: int) -> None:
+    import uvicorn
 
-        start_http_server(metrics_port)
+    from app.web.health import metrics_app
+
+    server = uvicorn.Server(uvicorn.Config(metrics_app(pool), host="0.0.0.0", port=port,
+                                           log_level="warning", access_log=False, lifespan="off"))
+    server.install_signal_handlers = lambda: None  # the settler owns SIGTERM
+    await server.serve()
+
+
+async def run_settler(settings: Settings, *, concurrency: int = 16, metrics_port: int | None = None) -> int:
     ctx = await Context.open(settings, pool_size=min(concurrency + 4, 50))
+    metrics_task = asyncio.create_task(_serve_metrics(ctx.pool, metrics_port)) if metrics_port else None
     settler = Settler(ctx, concurrency)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -251,6 +259,10 @@ async def run_settler(settings: Settings, *, concurrency: int = 16, metrics_port
     try:
         await settler.run()
     finally:
+        if metrics_task is not None:
+            metrics_task.cancel()
+            with contextlib.suppress(BaseException):
+                await metrics_task
         await ctx.close()
     log.info("settler stopped")
     return 0

@@ -19,6 +19,7 @@ from app.providers import build_providers, close_providers
 from app.signing.secretbox import SecretBox
 from app.storage import open_storage
 from app.web import admin, health, jobs, openapi, webhooks
+from app.web.access_log import AccessLog
 from app.web.auth import require_owner
 from app.web.errors import ApiError, error_response
 from app.web.waiters import JobChanges
@@ -89,8 +90,10 @@ def create_app(settings: Settings, *, pool_size: int = 20) -> Starlette:
             await state.storage.aclose()
             await state.pool.close()
 
-    return Starlette(
+    app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
     )
+    app.add_middleware(AccessLog)
+    return app

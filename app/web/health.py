@@ -4,7 +4,11 @@ from __future__ import annotations
 import asyncio
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from app.metrics import collect_gauges
+from starlette.applications import Starlette
 from starlette.requests import Request
+from starlette.routing import Route
 from starlette.responses import JSONResponse, Response
 
 
@@ -22,7 +26,16 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    gauges = getattr(request.app.state, "collect_gauges", None)
-    if gauges is not None:
-        await gauges()
+    try:
+        async with asyncio.timeout(5):
+            await collect_gauges(request.app.state.pool)
+    except Exception:  # the counters are still worth serving
+        pass
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+def metrics_app(pool) -> Starlette:
+    """The settler's own /metrics endpoint (`--metrics-port`)."""
+    app = Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+    app.state.pool = pool
+    return app

@@ -1,0 +1,454 @@
+"""DESIGN.md's invariants as checks over a finished (quiet) system.
+
+Each check reads the database (and, where it needs them, the simulator's
+`/_sim/stats` or the object storage) and returns a `Check`: its name, how
+many things it looked at, and one line per violation (naming the job or
+owner). They are meant to run when nothing is moving any more — after the
+chaos run has drained, or at the end of a test — so each check reads what
+it needs without a snapshot transaction.
+
+The client-side checks at the end take what a client recorded (answers it
+got) and hold the database to it: an accepted create is a job, a cancel
+answered 200 is a cancelled job, a terminal status a client read is the
+job's final status.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from collections import Counter
+from typing import Any, Iterable, Mapping, NamedTuple
+
+from app.domain import states
+from app.simulator.outputs import output_sha256
+from app.storage import ObjectNotFound, Storage, StorageError, object_key
+
+IN_FLIGHT = list(states.IN_FLIGHT)
+TERMINAL = list(states.TERMINAL)
+JOB_ID_IN_URL = re.compile(r"job_[0-9a-f]{24}")
+# The simulator's defaults for the `input` controls (app/simulator/controls.py).
+SIM_DEFAULT_OUTPUTS = 1
+SIM_DEFAULT_OUTPUT_BYTES = 1024
+SIM_DEFAULT_COST = 1
+# Only the native protocol reports a cost; Replicate, fal and KIE (as the
+# simulator speaks them) report none, so those jobs are charged their
+# reservation.
+PROVIDERS_REPORTING_COST = ("sim",)
+
+
+class Check(NamedTuple):
+    name: str
+    checked: int
+    violations: list[str]
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _input(value: Any) -> dict:
+    if isinstance(value, str):  # a connection without the JSON codec
+        value = json.loads(value)
+    return value if isinstance(value, dict) else {}
+
+
+# --- jobs ------------------------------------------------------------------------
+
+SETTLED = """
+select j.id, j.status, j.provider_task_id, j.provider_call_started_at, j.finished_at,
+       j.credits_reserved, j.credits_charged, j.credits_refunded,
+       (select count(*) from ledger l where l.job_id = j.id and l.kind = 'reserve') as reserves,
+       (select coalesce(sum(amount), 0) from ledger l where l.job_id = j.id and l.kind = 'reserve') as reserved
+from jobs j where j.status = any($1::text[])
+"""
+
+
+async def jobs_settled(conn) -> Check:
+    """Every job is terminal, or `uncertain` with its identity (no task id
+    invented, the submit on record) and its reservation intact."""
+    total = await conn.fetchval("select count(*) from jobs")
+    violations, uncertain = [], 0
+    for r in await conn.fetch(SETTLED, IN_FLIGHT):
+        if r["status"] != states.UNCERTAIN:
+            violations.append(f"{r['id']}: still {r['status']}")
+            continue
+        uncertain += 1
+        problems = []
+        if r["provider_task_id"] is not None:
+            problems.append("has a task id")
+        if r["provider_call_started_at"] is None:
+            problems.append("no submit on record")
+        if r["finished_at"] is not None:
+            problems.append("has finished_at")
+        if r["credits_charged"] or r["credits_refunded"]:
+            problems.append(f"moved money (charged {r['credits_charged']}, refunded {r['credits_refunded']})")
+        if r["reserves"] != 1 or r["reserved"] != r["credits_reserved"]:
+            problems.append(f"reservation {r['credits_reserved']} but ledger holds {r['reserved']}")
+        if problems:
+            violations.append(f"{r['id']}: uncertain but " + ", ".join(problems))
+    return Check("every job terminal or uncertain (intact)", total, violations,
+                 f"{uncertain} uncertain")
+
+
+JOB_MONEY = """
+select j.id, j.status, j.provider, j.input, j.credits_reserved as r, j.credits_charged as c,
+       j.credits_refunded as f,
+       count(l.id) filter (where l.kind = 'reserve') as n_reserve,
+       coalesce(sum(l.amount) filter (where l.kind = 'reserve'), 0) as l_reserve,
+       coalesce(sum(l.amount) filter (where l.kind = 'charge'), 0) as l_charge,
+       coalesce(sum(l.amount) filter (where l.kind = 'refund'), 0) as l_refund
+from jobs j left join ledger l on l.job_id = j.id
+group by j.id
+"""
+
+
+def expected_charge(provider: str, input: Mapping[str, Any], reserved: int) -> int:
+    """What a succeeded job must be charged (CONTRACT.md): the reported cost
+    capped at the reservation, or the reservation when no cost is reported."""
+    if provider not in PROVIDERS_REPORTING_COST:
+        return reserved
+    return states.charge_for(reserved, int(input.get("cost", SIM_DEFAULT_COST)))
+
+
+async def job_money(conn) -> Check:
+    """Per job: reserved = charged + refunded once terminal, nothing moved
+    while in flight, the ledger agrees with the job's columns, and a
+    succeeded job is charged what the provider reported (capped)."""
+    rows = await conn.fetch(JOB_MONEY)
+    violations = []
+    for r in rows:
+        problems = []
+        if r["n_reserve"] != 1 or r["l_reserve"] != r["r"]:
+            problems.append(f"{r['n_reserve']} reserve entries for {r['l_reserve']}, reserved {r['r']}")
+        if r["status"] in states.TERMINAL:
+            if r["c"] + r["f"] != r["r"]:
+                problems.append(f"charged {r['c']} + refunded {r['f']} != reserved {r['r']}")
+        elif r["c"] or r["f"]:
+            problems.append(f"in flight with charged {r['c']}, refunded {r['f']}")
+        if r["l_charge"] != r["c"] or r["l_refund"] != r["f"]:
+            problems.append(f"ledger charge {r['l_charge']}/refund {r['l_refund']} but job says {r['c']}/{r['f']}")
+        if r["status"] in (states.FAILED, states.CANCELLED, states.EXPIRED) and r["c"]:
+            problems.append(f"{r['status']} but charged {r['c']}")
+        if r["status"] == states.SUCCEEDED:
+            want = expected_charge(r["provider"], _input(r["input"]), r["r"])
+            if r["c"] != want:
+                problems.append(f"charged {r['c']}, the provider's cost says {want}")
+        if problems:
+            violations.append(f"{r['id']} ({r['status']}): " + "; ".join(problems))
+    return Check("per job: reserved = charged + refunded", len(rows), violations)
+
+
+async def charged_or_refunded_once(conn) -> Check:
+    """No job has two charge (or two refund, or two reserve) entries."""
+    checked = await conn.fetchval("select count(*) from ledger where job_id is not null")
+    rows = await conn.fetch("""
+        select job_id, kind, count(*) as n from ledger where job_id is not null
+        group by job_id, kind having count(*) > 1""")
+    return Check("no job charged or refunded twice", checked,
+                 [f"{r['job_id']}: {r['n']} {r['kind']} entries" for r in rows])
+
+
+OWNER_MONEY = """
+select o.id, o.granted, o.balance, o.reserved, o.charged,
+  (select coalesce(sum(amount), 0) from ledger l where l.owner_id = o.id and l.kind = 'grant') as grants,
+  (select coalesce(sum(amount), 0) from ledger l where l.owner_id = o.id and l.kind = 'reserve') as reserves,
+  (select coalesce(sum(amount), 0) from ledger l where l.owner_id = o.id and l.kind = 'refund') as refunds,
+  (select coalesce(sum(credits_reserved), 0) from jobs j
+    where j.owner_id = o.id and j.status = any($1::text[])) as in_flight_reserved,
+  (select coalesce(sum(credits_charged), 0) from jobs j where j.owner_id = o.id) as jobs_charged
+from owners o
+"""
+
+
+async def owner_money(conn) -> Check:
+    """Per owner: granted = balance + in-flight reserved + charged, with each
+    term recomputed from the jobs and the balance replayed from the ledger."""
+    rows = await conn.fetch(OWNER_MONEY, IN_FLIGHT)
+    violations = []
+    for o in rows:
+        problems = []
+        if o["granted"] != o["grants"]:
+            problems.append(f"granted {o['granted']} but grants sum to {o['grants']}")
+        if o["granted"] != o["balance"] + o["in_flight_reserved"] + o["jobs_charged"]:
+            problems.append(f"granted {o['granted']} != balance {o['balance']} + in-flight reserved "
+                            f"{o['in_flight_reserved']} + charged {o['jobs_charged']}")
+        if o["reserved"] != o["in_flight_reserved"]:
+            problems.append(f"reserved counter {o['reserved']} != in-flight jobs' {o['in_flight_reserved']}")
+        if o["charged"] != o["jobs_charged"]:
+            problems.append(f"charged counter {o['charged']} != jobs' {o['jobs_charged']}")
+        replayed = o["grants"] - o["reserves"] + o["refunds"]
+        if o["balance"] != replayed:
+            problems.append(f"balance {o['balance']} != ledger replay {replayed}")
+        if problems:
+            violations.append(f"{o['id']}: " + "; ".join(problems))
+    return Check("per owner: granted = balance + reserved + charged", len(rows), violations)
+
+
+async def active_slots(conn) -> Check:
+    """Per owner: the active-slot counter equals the jobs in flight."""
+    rows = await conn.fetch("""
+        select o.id, o.active,
+          (select count(*) from jobs j where j.owner_id = o.id and j.status = any($1::text[])) as in_flight
+        from owners o""", IN_FLIGHT)
+    return Check("active slots = jobs in flight, per owner", len(rows),
+                 [f"{r['id']}: active {r['active']}, in flight {r['in_flight']}"
+                  for r in rows if r["active"] != r["in_flight"]])
+
+
+async def closed_jobs_hold_no_secret(conn) -> Check:
+    checked = await conn.fetchval("select count(*) from jobs where status = any($1::text[])", TERMINAL)
+    rows = await conn.fetch("select id, status from jobs where status = any($1::text[]) "
+                            "and webhook_secret is not null", TERMINAL)
+    return Check("no closed job holds a webhook secret", checked,
+                 [f"{r['id']} ({r['status']}): webhook secret still stored" for r in rows])
+
+
+async def no_intent_for_terminal_job(conn) -> Check:
+    """Closing a job deletes its submit and settle intents; a provider cancel
+    may outlive it only until the settlers drain it (this runs when they
+    have)."""
+    checked = await conn.fetchval("select count(*) from jobs where status = any($1::text[])", TERMINAL)
+    rows = await conn.fetch("""
+        select o.job_id, o.kind, j.status, o.attempts, o.not_before, o.claimed_until
+        from outbox o join jobs j on j.id = o.job_id where j.status = any($1::text[])
+        order by o.job_id""", TERMINAL)
+    return Check("no intent left for a terminal job", checked,
+                 [f"{r['job_id']} ({r['status']}): {r['kind']} intent left (attempts {r['attempts']}, "
+                  f"due {r['not_before']:%H:%M:%S}, claimed until {r['claimed_until']})" for r in rows])
+
+
+# --- the provider ------------------------------------------------------------------
+
+async def one_provider_task_per_job(conn, sim_stats: Mapping[str, Any]) -> Check:
+    """At most one provider task per job, counted by the simulator per job id
+    (every protocol's callback URL carries our job id). A job with a saved
+    task id and a registered callback has exactly one; a job whose submit
+    never started has none; no task belongs to a job that does not exist."""
+    by_job: Counter = Counter()
+    violations = []
+    for url, n in (sim_stats.get("creates_by_callback_url") or {}).items():
+        found = set(JOB_ID_IN_URL.findall(url))
+        if len(found) != 1:
+            violations.append(f"{n} task(s) with a callback URL naming no single job")
+            continue
+        by_job[found.pop()] += n
+    unattributed = sim_stats.get("tasks_created", 0) - sum((sim_stats.get("creates_by_callback_url") or {}).values())
+    if unattributed:
+        violations.append(f"{unattributed} task(s) created without a callback URL (not attributable)")
+    for key, n in (sim_stats.get("creates_by_idempotency_key") or {}).items():
+        if n > 1:
+            violations.append(f"idempotency key {key}: {n} tasks")
+    rows = await conn.fetch("select id, status, provider_task_id, callback_registered, "
+                            "provider_call_started_at from jobs")
+    known = set()
+    for r in rows:
+        known.add(r["id"])
+        n = by_job.get(r["id"], 0)
+        if n > 1:
+            violations.append(f"{r['id']} ({r['status']}): {n} provider tasks")
+        elif n == 0 and r["provider_task_id"] is not None and r["callback_registered"]:
+            violations.append(f"{r['id']} ({r['status']}): task id saved but the provider created none")
+        elif n and r["provider_call_started_at"] is None:
+            violations.append(f"{r['id']} ({r['status']}): a provider task but no submit on record")
+    for job_id in sorted(set(by_job) - known):
+        violations.append(f"{job_id}: {by_job[job_id]} provider task(s) for a job that does not exist")
+    return Check("one provider task per job", len(rows), violations,
+                 f"{sum(by_job.values())} tasks for {len(by_job)} jobs")
+
+
+# --- storage -------------------------------------------------------------------------
+
+SUCCEEDED_OUTPUTS = """
+select j.id, j.owner_id, j.status, j.provider_task_id, j.input,
+       coalesce(json_agg(json_build_object('index', a.index, 'key', a.storage_key, 'bytes', a.bytes,
+                                           'sha256', a.sha256) order by a.index)
+                filter (where a.job_id is not null), '[]'::json)::text as assets
+from jobs j left join assets a on a.job_id = j.id
+where j.status = 'succeeded' or a.job_id is not null
+group by j.id
+"""
+
+
+async def _measure(storage: Storage, key: str) -> tuple[int, str] | None:
+    """Size and sha256 of the stored bytes, recomputed by reading them."""
+    try:
+        chunks = await storage.open_stream(key)
+    except ObjectNotFound:
+        return None
+    digest, size = hashlib.sha256(), 0
+    async for chunk in chunks:
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
+
+
+async def outputs_stored(conn, storage: Storage, *, simulator_bytes: bool = True,
+                         parallel: int = 16) -> Check:
+    """Every succeeded job has all its outputs in storage under the
+    deterministic key, with the recorded size and sha256 (recomputed from
+    the stored bytes, and as the storage itself reports them); no other job
+    has assets. With `simulator_bytes`, the bytes are also the ones the
+    simulator produced for that task (its outputs are a pure function of
+    task id, index and size)."""
+    rows = await conn.fetch(SUCCEEDED_OUTPUTS)
+    violations: list[str] = []
+    objects: list[tuple[str, dict, int | None, str | None]] = []
+    for r in rows:
+        assets = json.loads(r["assets"])
+        if r["status"] != states.SUCCEEDED:
+            violations.append(f"{r['id']} ({r['status']}): has {len(assets)} asset(s)")
+            continue
+        input_ = _input(r["input"])
+        want = int(input_.get("outputs", SIM_DEFAULT_OUTPUTS))
+        if [a["index"] for a in assets] != list(range(want)):
+            violations.append(f"{r['id']}: assets {[a['index'] for a in assets]}, the provider made {want}")
+        size = int(input_.get("output_bytes", SIM_DEFAULT_OUTPUT_BYTES))
+        for a in assets:
+            if a["key"] != object_key(r["owner_id"], r["id"], a["index"]):
+                violations.append(f"{r['id']}[{a['index']}]: stored under {a['key']!r}, not its own key")
+            expected = output_sha256(r["provider_task_id"], a["index"], size) if simulator_bytes else None
+            objects.append((r["id"], a, size if simulator_bytes else None, expected))
+
+    gate = asyncio.Semaphore(parallel)
+
+    async def check_one(job_id: str, a: dict, size: int | None, expected_sha: str | None) -> list[str]:
+        async with gate:
+            try:
+                measured = await _measure(storage, a["key"])
+                reported = await storage.exists(a["key"])
+            except StorageError as e:
+                return [f"{job_id}[{a['index']}]: storage error {e}"]
+        where = f"{job_id}[{a['index']}]"
+        if measured is None or reported is None:
+            return [f"{where}: object missing"]
+        problems = []
+        if measured != (a["bytes"], a["sha256"]):
+            problems.append(f"{where}: stored {measured[0]} bytes sha256 {measured[1][:12]}, "
+                            f"recorded {a['bytes']} bytes sha256 {a['sha256'][:12]}")
+        if reported != measured:
+            problems.append(f"{where}: the storage reports {reported[0]} bytes sha256 {reported[1][:12]}, "
+                            f"its bytes are {measured[0]} / {measured[1][:12]}")
+        if size is not None and (a["bytes"], a["sha256"]) != (size, expected_sha):
+            problems.append(f"{where}: not the provider's bytes ({a['bytes']} bytes, expected {size})")
+        return problems
+
+    for found in await asyncio.gather(*(check_one(*o) for o in objects)):
+        violations.extend(found)
+    return Check("succeeded outputs stored with their sha256 and size", len(objects), violations,
+                 f"{sum(1 for r in rows if r['status'] == states.SUCCEEDED)} succeeded jobs")
+
+
+# --- what a client was told ------------------------------------------------------------
+
+async def accepted_creates_are_jobs(conn, accepted: Mapping[str, str], refused: Iterable[str]) -> Check:
+    """Every create a client saw accepted (202/200, by its Idempotency-Key)
+    is exactly one job with that id; every refused one (402/429) made none;
+    and no job exists that no client was told about."""
+    rows = await conn.fetch("select id, request_key from jobs")
+    by_key = {r["request_key"]: r["id"] for r in rows if r["request_key"] is not None}
+    violations = []
+    for key, job_id in accepted.items():
+        got = by_key.get(key)
+        if got != job_id:
+            violations.append(f"key {key}: the client was given {job_id}, the database has {got}")
+    refused = set(refused)
+    for key in sorted(refused & set(by_key)):
+        violations.append(f"key {key}: refused, yet job {by_key[key]} exists")
+    told = set(accepted.values())
+    for r in rows:
+        if r["id"] not in told and r["request_key"] not in refused:
+            violations.append(f"{r['id']}: a job no client was told about (key {r['request_key']})")
+    return Check("every accepted create is one job, and only those", len(accepted) + len(refused),
+                 violations)
+
+
+async def client_cancels_held(conn, cancelled: Iterable[str]) -> Check:
+    """A cancel answered 200 made the job cancelled for good, fully refunded."""
+    ids = sorted(set(cancelled))
+    rows = await conn.fetch("select id, status, credits_refunded, credits_reserved from jobs "
+                            "where id = any($1::text[])", ids)
+    found = {r["id"]: r for r in rows}
+    violations = []
+    for job_id in ids:
+        r = found.get(job_id)
+        if r is None:
+            violations.append(f"{job_id}: cancelled, then gone")
+        elif r["status"] != states.CANCELLED or r["credits_refunded"] != r["credits_reserved"]:
+            violations.append(f"{job_id}: cancelled (200), now {r['status']} with "
+                              f"{r['credits_refunded']} of {r['credits_reserved']} refunded")
+    return Check("a cancel answered 200 stays cancelled and refunded", len(ids), violations)
+
+
+async def reads_agree(conn, seen_terminal: Mapping[str, str]) -> Check:
+    """A terminal status a client read is the job's final status."""
+    rows = await conn.fetch("select id, status from jobs where id = any($1::text[])", list(seen_terminal))
+    final = {r["id"]: r["status"] for r in rows}
+    return Check("terminal statuses clients read are final", len(seen_terminal),
+                 [f"{job_id}: a client read {status}, the job is {final.get(job_id)}"
+                  for job_id, status in sorted(seen_terminal.items()) if final.get(job_id) != status])
+
+
+# --- all of them -----------------------------------------------------------------------------
+
+async def system_checks(conn, *, sim_stats: Mapping[str, Any], storage: Storage,
+                        simulator_bytes: bool = True) -> list[Check]:
+    """Every invariant DESIGN.md states that can be read off a quiet system."""
+    return [
+        await jobs_settled(conn),
+        await job_money(conn),
+        await charged_or_refunded_once(conn),
+        await owner_money(conn),
+        await one_provider_task_per_job(conn, sim_stats),
+        await outputs_stored(conn, storage, simulator_bytes=simulator_bytes),
+        await active_slots(conn),
+        await closed_jobs_hold_no_secret(conn),
+        await no_intent_for_terminal_job(conn),
+    ]
+
+
+def format_table(checks: Iterable[Check], *, examples: int = 5) -> str:
+    checks = list(checks)
+    width = max([len("invariant")] + [len(c.name) for c in checks])
+    lines = [f"{'invariant':<{width}}  {'checked':>8}  {'violations':>10}  note",
+             f"{'-' * width}  {'-' * 8}  {'-' * 10}  {'-' * 4}"]
+    for c in checks:
+        lines.append(f"{c.name:<{width}}  {c.checked:>8}  {len(c.violations):>10}  {c.note}")
+    for c in checks:
+        if c.violations:
+            lines.append(f"\n{c.name}: {len(c.violations)} violation(s)")
+            lines.extend(f"  {v}" for v in c.violations[:examples])
+            if len(c.violations) > examples:
+                lines.append(f"  ... and {len(c.violations) - examples} more")
+    return "\n".join(lines)
+
+
+JOB_ID = re.compile(r"job_[0-9a-f]{24}")
+
+
+async def job_history(conn, job_id: str) -> str:
+    """A job's row, ledger, assets and intents, for a violation report
+    (never its secret)."""
+    job = await conn.fetchrow("""
+        select id, owner_id, provider, model, status, provider_task_id, callback_registered,
+               provider_call_started_at, submit_in_doubt, submit_attempts, settle_attempts, polls,
+               last_error, credits_reserved, credits_charged, credits_refunded, error_code,
+               error_message, created_at, updated_at, finished_at, deadline_at,
+               webhook_secret is not null as holds_secret, input::text as input
+        from jobs where id = $1""", job_id)
+    if job is None:
+        return f"{job_id}: no such job"
+    lines = [f"job {job_id}:"]
+    lines.extend(f"  {k} = {v}" for k, v in dict(job).items())
+    for r in await conn.fetch("select kind, amount, created_at from ledger where job_id = $1 order by id", job_id):
+        lines.append(f"  ledger {r['kind']} {r['amount']} at {r['created_at']}")
+    for r in await conn.fetch("select index, storage_key, bytes, sha256 from assets where job_id = $1 "
+                              "order by index", job_id):
+        lines.append(f"  asset {r['index']} {r['storage_key']} {r['bytes']} bytes {r['sha256'][:12]}")
+    for r in await conn.fetch("select kind, not_before, claimed_until, generation, attempts from outbox "
+                              "where job_id = $1", job_id):
+        lines.append(f"  intent {r['kind']} due {r['not_before']} claimed until {r['claimed_until']} "
+                     f"generation {r['generation']} attempts {r['attempts']}")
+    return "\n".join(lines)
