@@ -20,6 +20,11 @@ dev: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The same suite on a plain PostgreSQL 15 server (Debian's postgresql-15).
+PG15_BIN ?= /usr/lib/postgresql/15/bin
+test-pg15: $(STAMP)
+	TEST_PG_BIN=$(PG15_BIN) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
 chaos: $(STAMP)
 	$(BIN)/longcall chaos $(CHAOS_ARGS)
 

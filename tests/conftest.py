@@ -29,7 +29,9 @@ def database_url():
         yield url
         return
     root = tempfile.mkdtemp(prefix="longcall-test-")
-    pg = EmbeddedPostgres(os.path.join(root, "pg"), durable=False).start()
+    # TEST_PG_BIN: run the suite on another server's binaries (make test-pg15).
+    pg = EmbeddedPostgres(os.path.join(root, "pg"), durable=False,
+                          bin_dir=os.environ.get("TEST_PG_BIN") or None).start()
     try:
         yield pg.url
     finally:
