@@ -111,6 +111,12 @@ def _db_settings() -> Settings:
     """Commands that only need the database (no SECRET_KEY)."""
     settings = load_settings(dev=True)
     if not settings.database_url:
+        # Next to a `longcall dev` checkout, use its embedded database.
+        port_file = os.path.join(".longcall", "pg", "longcall.port")
+        if os.path.exists(port_file) and "DATABASE_URL" not in os.environ:
+            with open(port_file) as f:
+                url = f"postgresql://postgres@127.0.0.1:{int(f.read())}/postgres"
+            return load_settings({**os.environ, "DATABASE_URL": url}, dev=True)
         raise ConfigError("DATABASE_URL is required")
     return settings
 
