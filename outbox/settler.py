@@ -156,6 +156,9 @@ class Settler:
                     if await intents.finish(conn, intent):
                         self._due()  # asked again while we worked: run it again
                 else:
+                    if outcome.failed and outcome.reason:
+                        # Operators see why (longcall status, the job's error on exhaustion).
+                        await jobs.note_error(conn, intent.job_id, f"{intent.kind}: {outcome.reason}")
                     row = await intents.retry(conn, intent, outcome.delay_s, failed=outcome.failed)
                     if row is not None:
                         if row["requested_meanwhile"]:

@@ -92,3 +92,16 @@ def test_configuration_is_checked_at_start(run, env, needle):
         p = run(*args, env=env, ok=False)
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert p.stderr.strip().count("\n") == 0
+
+
+def test_status_is_one_screen(run, db):
+    owner = json.loads(run("owners", "create", "acme", "--credits", "50", "--json").stdout)["owner_id"]
+    assert owner
+    out = run("status").stdout
+    assert out.startswith("jobs:") and "settlers: 0 connected" in out and "uncertain jobs: 0" in out
+    assert len(out.splitlines()) < 25
+
+
+def test_sweep_once_with_nothing_in_flight(run, db):
+    out = run("sweep", "--once").stdout
+    assert out.startswith("sweep: 0 submit and 0 settle intents queued")

@@ -98,3 +98,94 @@ async def test_webhook_closes_the_job_before_any_timer(web, make_owner, db, sim,
     # the first timer was the lost-webhook check (30 s): only the webhook can have closed it this fast
     assert row["callback_registered"] is True
     assert (row["finished_at"] - row["created_at"]).total_seconds() < 10
+
+
+async def _exhaust_next_attempt(db, job_id: str) -> None:
+    """Jump the job's settle intent to its last attempt (instead of waiting
+    through minutes of backoff), and make it due."""
+    from outbox.policy import MAX_ATTEMPTS
+    await db.execute("update outbox set attempts = $2, not_before = now() where job_id = $1 and kind = 'settle'",
+                     job_id, MAX_ATTEMPTS["settle"])
+    await db.execute("select pg_notify('longcall_outbox', '')")
+
+
+async def wait_for_failed_attempt(db, job_id: str, timeout: float = 20.0) -> None:
+    import asyncio
+    import time
+    deadline = time.monotonic() + timeout
+    while not await db.fetchval("select attempts >= 1 and claimed_until is null from outbox "
+                                "where job_id = $1 and kind = 'settle'", job_id):
+        assert time.monotonic() < deadline, "no failed settle attempt"
+        await asyncio.sleep(0.05)
+
+
+async def test_download_failures_to_the_cap_fail_the_job_with_a_refund(web, make_owner, db, sim, make_settings,
+                                                                       start_settler):
+    server = await web(SIM_URL=sim.url)
+    set_faults(sim.url, download_error=1)
+    await start_settler(make_settings(SIM_URL=sim.url))
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        created = (await c.post("/v1/jobs", json=job())).json()
+    await wait_for_failed_attempt(db, created["id"])
+    row = await db.fetchrow("select * from jobs where id = $1", created["id"])
+    assert row["status"] == "running" and row["credits_charged"] == 0  # a failed download moves no money
+    await _exhaust_next_attempt(db, created["id"])
+    row = await wait_for_status(db, created["id"], "failed")
+    assert row["error_code"] == "settle_exhausted" and row["credits_refunded"] == 10
+    assert await db.fetchval("select count(*) from assets") == 0
+    await assert_money_balances(db)
+
+
+async def test_an_expired_output_url_is_retried_then_refunded(web, make_owner, db, sim, make_settings,
+                                                              start_settler):
+    server = await web(SIM_URL=sim.url)
+    await start_settler(make_settings(SIM_URL=sim.url))
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        created = (await c.post("/v1/jobs", json=job(output_ttl_s=0.001))).json()
+    await wait_for_failed_attempt(db, created["id"])
+    await _exhaust_next_attempt(db, created["id"])
+    row = await wait_for_status(db, created["id"], "failed")
+    assert row["error_code"] == "settle_exhausted"
+    assert "404" in row["error_message"], row["error_message"]  # the expired URL's answer, kept for operators
+    await assert_money_balances(db)
+
+
+async def test_cancel_races_the_settle_step(web, make_owner, db, sim, make_settings):
+    """Owners cancel at the moment their jobs finish: each job ends either
+    cancelled (fully refunded) or succeeded (charged) — never both, never
+    half."""
+    import asyncio
+    from outbox.context import Context
+    from outbox.settle import settle
+
+    settings = make_settings(SIM_URL=sim.url)
+    server = await web(SIM_URL=sim.url)
+    owner = await make_owner(credits=1000, max_active=50)
+    ctx = await Context.open(settings, provider_timeout_s=5)
+    try:
+        from outbox.submit import submit
+        async with server.client(owner.api_key) as c:
+            ids = [(await c.post("/v1/jobs", json=job(duration_s=0.05, cost=7))).json()["id"] for _ in range(20)]
+            for job_id in ids:
+                await submit(ctx, job_id, 1)
+            await asyncio.sleep(0.3)
+            results = await asyncio.gather(*[
+                coro for job_id in ids
+                for coro in (c.post(f"/v1/jobs/{job_id}/cancel"), settle(ctx, job_id, 1))])
+    finally:
+        await ctx.close()
+    cancels = results[0::2]
+    assert all(r.status_code in (200, 409) for r in cancels)
+    rows = await db.fetch("select * from jobs")
+    assert {r["status"] for r in rows} <= {"succeeded", "cancelled"}
+    for r, cancel in zip(sorted(rows, key=lambda r: ids.index(r["id"])), cancels):
+        assert (cancel.status_code == 200) == (r["status"] == "cancelled")
+        if r["status"] == "succeeded":
+            assert (r["credits_charged"], r["credits_refunded"]) == (7, 3)
+        else:
+            assert (r["credits_charged"], r["credits_refunded"]) == (0, 10)
+    ledger = await db.fetch("select job_id, kind, count(*) from ledger group by 1, 2 having count(*) > 1")
+    assert ledger == []
+    await assert_money_balances(db)

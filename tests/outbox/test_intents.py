@@ -1,0 +1,124 @@
+"""The outbox's mechanics, on a real PostgreSQL: coalescing, generations,
+leases, SKIP LOCKED claims, NOTIFY only when something became due sooner."""
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from app.db import OUTBOX_CHANNEL
+from app.domain import jobs
+from outbox import intents
+
+
+@pytest.fixture
+async def job_ids(db, make_owner):
+    owner = await make_owner(credits=10_000, max_active=1000)
+    made = []
+    for _ in range(5):
+        created = await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim",
+                                        model="m", input={}, max_credits=1, give_up_after_s=3600)
+        made.append(created.job_id)
+    await db.execute("delete from outbox")  # start each test from no intents
+    return made
+
+
+@pytest.fixture
+async def notifications(migrated):
+    conn = await asyncpg.connect(migrated)
+    got: list[str] = []
+    await conn.add_listener(OUTBOX_CHANNEL, lambda *args: got.append(args[3]))
+    yield got
+    await conn.close()
+
+
+async def settle_notifications(got, before: int) -> list[str]:
+    await asyncio.sleep(0.2)
+    return got[before:]
+
+
+async def test_requests_coalesce_into_one_intent_keeping_the_earliest_time(db, job_ids, notifications):
+    job = job_ids[0]
+    async with db.acquire() as conn:
+        await intents.request(conn, job, "settle", delay_s=60)
+        await intents.request(conn, job, "settle", delay_s=120)  # later: changes nothing but the generation
+        row = await conn.fetchrow("select * from outbox where job_id = $1", job)
+        assert row["generation"] == 1
+        assert 55 < (row["not_before"] - await conn.fetchval("select now()")).total_seconds() < 65
+        await intents.request(conn, job, "settle", delay_s=0)   # sooner: due now
+        assert await conn.fetchval("select count(*) from outbox") == 1
+        assert await conn.fetchval("select not_before <= now() from outbox") is True
+
+
+async def test_notify_only_when_an_intent_becomes_due_sooner(db, job_ids, notifications):
+    job = job_ids[0]
+    async with db.acquire() as conn:
+        await intents.request(conn, job, "settle", delay_s=0)
+        first = await settle_notifications(notifications, 0)
+        assert first == [""]  # new and due now
+        for _ in range(5):
+            await intents.request(conn, job, "settle", delay_s=0)  # already due: no NOTIFY
+        assert await settle_notifications(notifications, 1) == []
+        await intents.request(conn, job_ids[1], "settle", delay_s=30)
+        timer = await settle_notifications(notifications, 1)
+        assert len(timer) == 1 and float(timer[0]) > 0  # a timer: its due time
+
+
+async def test_a_request_while_claimed_is_not_lost(db, job_ids):
+    job = job_ids[0]
+    async with db.acquire() as conn:
+        await intents.request(conn, job, "settle")
+        [claimed] = await intents.claim(conn, 10, lease_s=60)
+        await intents.request(conn, job, "settle")        # asked again while a worker holds it
+        assert await intents.finish(conn, claimed) is True  # kept, and due
+        row = await conn.fetchrow("select * from outbox where job_id = $1", job)
+        assert row["claimed_until"] is None and row["not_before"] <= await conn.fetchval("select now()")
+        [again] = await intents.claim(conn, 10, lease_s=60)
+        assert await intents.finish(conn, again) is False   # nothing new: deleted
+        assert await conn.fetchval("select count(*) from outbox") == 0
+
+
+async def test_retry_waits_unless_asked_meanwhile(db, job_ids):
+    async with db.acquire() as conn:
+        await intents.request(conn, job_ids[0], "settle")
+        await intents.request(conn, job_ids[1], "settle")
+        a, b = await intents.claim(conn, 10, lease_s=60)
+        await intents.request(conn, b.job_id, "settle")
+        ra = await intents.retry(conn, a, 30, failed=True)
+        rb = await intents.retry(conn, b, 30, failed=False)
+        assert ra["requested_meanwhile"] is False and rb["requested_meanwhile"] is True
+        rows = {r["job_id"]: r for r in await conn.fetch("select *, not_before <= now() as due from outbox")}
+        assert rows[a.job_id]["due"] is False and rows[a.job_id]["attempts"] == 1   # failure counts
+        assert rows[b.job_id]["due"] is True and rows[b.job_id]["attempts"] == 0    # a normal wait resets
+
+
+async def test_concurrent_claims_are_disjoint_and_leases_return(db, job_ids):
+    async with db.acquire() as conn:
+        for job in job_ids:
+            await intents.request(conn, job, "settle")
+    conns = [await db.acquire() for _ in range(5)]
+    try:
+        batches = await asyncio.gather(*[intents.claim(c, 2, lease_s=1) for c in conns])
+    finally:
+        for c in conns:
+            await db.release(c)
+    claimed = [i.job_id for batch in batches for i in batch]
+    assert sorted(claimed) == sorted(job_ids)  # every intent once, none twice
+    async with db.acquire() as conn:
+        assert await intents.claim(conn, 10, lease_s=1) == []  # all leased
+        await asyncio.sleep(1.2)
+        again = await intents.claim(conn, 10, lease_s=60)      # the leases ended: back they come
+        assert sorted(i.job_id for i in again) == sorted(job_ids)
+        assert {i.attempts for i in again} == {2}
+
+
+async def test_closing_a_job_drops_its_submit_and_settle_intents(db, job_ids):
+    job = job_ids[0]
+    async with db.acquire() as conn:
+        await intents.request(conn, job, "submit")
+        await intents.request(conn, job, "settle", delay_s=100)
+        closed = await jobs.close(conn, job, "cancelled", cancel_at_provider=True)
+        assert closed is not None
+        # no provider call had started: no provider cancel either
+        assert await conn.fetchval("select count(*) from outbox where job_id = $1", job) == 0
