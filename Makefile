@@ -29,7 +29,7 @@ chaos: $(STAMP)
 	$(BIN)/longcall chaos $(CHAOS_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/longcall bench
+	$(BIN)/longcall bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .longcall .pytest_cache

@@ -102,6 +102,9 @@ class Settings:
     give_up_after_s_by_provider: Mapping[str, float] = field(default_factory=dict)
     log_level: str = "INFO"
     provider_timeout_s: float = 30.0
+    # STALE_AFTER_S: overrides every provider's lost-webhook check (seconds
+    # after submit to ask the provider anyway when a webhook is registered).
+    stale_after_s: float | None = None
     settler_lease_s: float = 60.0
 
     def give_up_after(self, provider: str) -> float:
@@ -203,4 +206,5 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         log_level=level,
         provider_timeout_s=_float(env, "PROVIDER_TIMEOUT_S", 30.0, minimum=0.1),
         settler_lease_s=_float(env, "SETTLER_LEASE_S", 60.0, minimum=1.0),
+        stale_after_s=_float(env, "STALE_AFTER_S", 0.0, minimum=1.0) if env.get("STALE_AFTER_S") else None,
     )

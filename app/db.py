@@ -16,11 +16,20 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool release without asyncpg's default server-side reset (`SELECT
+    pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), which costs
+    a round trip and four statements on every release. Pooled connections
+    never LISTEN, lock, SET or hold cursors (those use dedicated connections,
+    see `connect`); asyncpg still rolls back an open transaction and drops
+    client-side listeners before calling this."""
+
+
 async def create_pool(dsn: str, *, role: str, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     """`role` becomes the connection's application_name (longcall-web,
     longcall-settler, ...): `longcall status` counts settlers by it."""
     return await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=_init_connection,
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session,
         server_settings={"application_name": f"longcall-{role}"},
         command_timeout=60,
     )

@@ -33,4 +33,5 @@ def api_key_hash(key: str) -> bytes:
 
 
 def is_job_id(value: str) -> bool:
-    return bool(JOB_ID.match(value))
+    # fullmatch: `$` alone would also accept a trailing newline.
+    return isinstance(value, str) and JOB_ID.fullmatch(value) is not None

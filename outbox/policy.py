@@ -37,5 +37,9 @@ def next_check_delay(facts: ProviderFacts, *, callback_registered: bool, polls: 
     return max(0.0, min(delay, seconds_to_deadline))
 
 
-def first_check_delay(facts: ProviderFacts, *, callback_registered: bool) -> float:
-    return facts.stale_after_s if callback_registered else facts.poll_delay(0)
+def first_check_delay(facts: ProviderFacts, *, callback_registered: bool,
+                      seconds_to_deadline: float = float("inf")) -> float:
+    """The first check after submit; like every check, never past the
+    give-up deadline."""
+    delay = facts.stale_after_s if callback_registered else facts.poll_delay(0)
+    return max(0.0, min(delay, seconds_to_deadline))

@@ -115,7 +115,9 @@ class Settler:
         targets = [t for t in (self.next_wake, next_sweep) if t is not None]
         timeout = max(0.0, min(targets) - time.time()) if targets else None
         self.wake.clear()
-        if self.due_now and len(self.running) < self.concurrency:
+        # stop() may have set `wake` while we were draining: the clear above
+        # must not swallow it (the next timer may be minutes away).
+        if self.stopping or (self.due_now and len(self.running) < self.concurrency):
             return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout)

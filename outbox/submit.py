@@ -95,7 +95,9 @@ async def _save(ctx: Context, job, provider, request: SubmitRequest, submitted: 
             conn, job_id, task_id=submitted.task_id,
             operation=dict(submitted.operation) if submitted.operation else None,
             webhook_secret=secret, callback_registered=registered,
-            first_check_after_s=policy.first_check_delay(provider.facts, callback_registered=registered))
+            first_check_after_s=policy.first_check_delay(
+                provider.facts, callback_registered=registered,
+                seconds_to_deadline=(job["deadline_at"] - dt.datetime.now(dt.timezone.utc)).total_seconds()))
     if result == "closed":
         log.info("task saved on a closed job; provider cancel queued",
                  extra={"job_id": job_id, "provider": provider.name})

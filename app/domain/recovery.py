@@ -13,9 +13,19 @@ class InvalidState(Exception):
 async def resolve_with_task(conn, job_id: str, task_id: str, first_check_after_s: float = 0.0) -> None:
     if not task_id or len(task_id) > 500:
         raise ValueError("provider_task_id must be a non-empty string")
-    result = await jobs.save_task(conn, job_id, task_id=task_id, operation=None, webhook_secret=None,
-                                  callback_registered=False, first_check_after_s=first_check_after_s,
-                                  from_statuses=(states.UNCERTAIN,))
+    async with conn.transaction():
+        # Checked under the row lock first: save_task also records a task id
+        # on a job closed meanwhile (and asks the provider to cancel it),
+        # which is right for a submit's answer but not for an operator's
+        # id given for a job that is no longer uncertain.
+        status = await conn.fetchval("select status from jobs where id = $1 for update", job_id)
+        if status is None:
+            raise LookupError(job_id)
+        if status != states.UNCERTAIN:
+            raise InvalidState(status)
+        result = await jobs.save_task(conn, job_id, task_id=task_id, operation=None, webhook_secret=None,
+                                      callback_registered=False, first_check_after_s=first_check_after_s,
+                                      from_statuses=(states.UNCERTAIN,))
     if result != "running":
         raise InvalidState(await _status(conn, job_id))
 

@@ -24,20 +24,24 @@ def build_providers(settings: "Settings", *, timeout_s: float = 30.0) -> dict[st
     from app.providers.replicate import ReplicateProvider
     from app.providers.sim import SimProvider
 
+    # STALE_AFTER_S replaces each adapter's own lost-webhook check when set.
+    stale = {"stale_after_s": settings.stale_after_s} if settings.stale_after_s else {}
     return {
-        "sim": SimProvider(settings.sim_url, timeout_s=timeout_s),
+        "sim": SimProvider(settings.sim_url, timeout_s=timeout_s, **stale),
         "replicate": ReplicateProvider(
             settings.replicate_base_url,
             settings.replicate_api_token,
             webhook_secret=settings.replicate_webhook_secret,
             timeout_s=timeout_s,
+            **stale,
         ),
         "fal": FalProvider(
-            settings.fal_base_url, settings.fal_key, jwks_url=settings.fal_jwks_url, timeout_s=timeout_s
+            settings.fal_base_url, settings.fal_key, jwks_url=settings.fal_jwks_url, timeout_s=timeout_s,
+            **stale,
         ),
         "kie": KieProvider(
             settings.kie_base_url, settings.kie_api_key,
-            secret_keys=settings.secret_keys, timeout_s=timeout_s,
+            secret_keys=settings.secret_keys, timeout_s=timeout_s, **stale,
         ),
     }
 

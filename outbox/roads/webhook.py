@@ -14,20 +14,28 @@ from app.signing.secretbox import SecretBox
 from outbox import intents
 
 LOAD = "select status, webhook_secret from jobs where id = $1 and provider = $2"
+# Locks the job row against a concurrent close (its UPDATE waits for us) so a
+# settle is never requested for a job that has just closed.
+STILL_OPEN = "select status = any($2::text[]) from jobs where id = $1 for share"
 
 
 async def accept(pool, provider: Provider, secretbox: SecretBox, job_id: str,
                  headers: Mapping[str, str], query: Mapping[str, str], raw_body: bytes) -> bool:
     """True when the webhook is genuine and a settle was requested. Every
     failure (unknown job, closed job, bad signature) is the same False."""
-    async with pool.acquire() as conn:
-        row = await conn.fetchrow(LOAD, job_id, provider.name)
-        if row is None or row["status"] in states.TERMINAL:
-            return False
-        secret = secretbox.decrypt(row["webhook_secret"], job_id)
-        webhook = WebhookRequest(job_id=job_id, headers=headers, query=query, raw_body=raw_body,
-                                 job_secret=secret)
-        if not await provider.verify(webhook):
-            return False
+    row = await pool.fetchrow(LOAD, job_id, provider.name)
+    if row is None or row["status"] in states.TERMINAL:
+        return False
+    secret = secretbox.decrypt(row["webhook_secret"], job_id)
+    webhook = WebhookRequest(job_id=job_id, headers=headers, query=query, raw_body=raw_body,
+                             job_secret=secret)
+    # No database connection is held here: a scheme may fetch its keys over
+    # the network (fal's JWKS, Replicate's secret), and a flood of forged
+    # webhooks waiting on that must not drain the pool.
+    if not await provider.verify(webhook):
+        return False
+    async with pool.acquire() as conn, conn.transaction():
+        if not await conn.fetchval(STILL_OPEN, job_id, list(states.IN_FLIGHT)):
+            return False  # closed while we verified
         await intents.request(conn, job_id, "settle")
         return True
