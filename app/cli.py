@@ -72,7 +72,13 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("chaos", help="the reliability run")
     s.add_argument("--jobs", type=int, default=5000)
-    sub.add_parser("bench", help="the benchmarks")
+    s = sub.add_parser("bench", help="the benchmarks")
+    s.add_argument("--quick", action="store_true", help="tiny windows and data sets: a smoke test")
+    s.add_argument("--only", action="append", metavar="ROW",
+                   choices=("ingest", "create", "reads", "drain", "e2e", "idle", "sweep", "rss"),
+                   help="run only this row group (repeatable)")
+    s.add_argument("--rounds", type=int, default=None, help="rounds per figure (median); default 3, quick 1")
+    s.add_argument("--json", dest="json_path", metavar="PATH", help="also write the results as JSON")
 
     jobs = sub.add_parser("jobs", help="job recovery").add_subparsers(dest="action", required=True,
                                                                       parser_class=_Parser)
@@ -267,7 +273,7 @@ def _cmd_chaos(args) -> int:
 def _cmd_bench(args) -> int:
     from app.proof.bench import main as bench_main
 
-    return bench_main()
+    return bench_main(quick=args.quick, only=args.only, rounds=args.rounds, json_path=args.json_path)
 
 
 COMMANDS = {

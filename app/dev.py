@@ -134,6 +134,11 @@ async def _run_demo(base_url: str, api_key: str) -> None:
                     or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
+        metrics = (await client.get("/metrics")).text
+        accepted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                       if line.startswith("longcall_webhook_requests_total{") and 'result="accepted"' in line)
+        _say(f"  signed webhooks accepted: {accepted:.0f}"
+             + ("" if accepted else " (no PUBLIC_URL: the settler's timers and these reads closed the jobs)"))
         for j in jobs:
             outs = ", ".join(f"{o['url']} ({o['bytes']} bytes)" for o in j["outputs"]) or "-"
             err = f"  error: {j['error']['code']}" if j["error"] else ""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 from collections import Counter
 from typing import Any, Iterable, Mapping, NamedTuple
@@ -27,7 +28,7 @@ from app.storage import ObjectNotFound, Storage, StorageError, object_key
 
 IN_FLIGHT = list(states.IN_FLIGHT)
 TERMINAL = list(states.TERMINAL)
-JOB_ID_IN_URL = re.compile(r"job_[0-9a-f]{24}")
+JOB_ID_IN_URL = re.compile(r"job_[0-9a-f]{24}")  # in a callback URL, or a violation line
 # The simulator's defaults for the `input` controls (app/simulator/controls.py).
 SIM_DEFAULT_OUTPUTS = 1
 SIM_DEFAULT_OUTPUT_BYTES = 1024
@@ -206,18 +207,25 @@ async def closed_jobs_hold_no_secret(conn) -> Check:
                  [f"{r['id']} ({r['status']}): webhook secret still stored" for r in rows])
 
 
-async def no_intent_for_terminal_job(conn) -> Check:
-    """Closing a job deletes its submit and settle intents; a provider cancel
-    may outlive it only until the settlers drain it (this runs when they
-    have)."""
+async def no_intent_for_terminal_job(conn, *, cancel_grace_s: float = 120.0) -> Check:
+    """Closing a job deletes its submit and settle intents. A provider
+    cancel may outlive it for a while (a few backed-off attempts, a lease):
+    one still there `cancel_grace_s` after the job closed is stuck."""
     checked = await conn.fetchval("select count(*) from jobs where status = any($1::text[])", TERMINAL)
     rows = await conn.fetch("""
-        select o.job_id, o.kind, j.status, o.attempts, o.not_before, o.claimed_until
+        select o.job_id, o.kind, j.status, o.attempts, o.not_before, o.claimed_until,
+               j.finished_at < now() - make_interval(secs => $2) as overdue
         from outbox o join jobs j on j.id = o.job_id where j.status = any($1::text[])
-        order by o.job_id""", TERMINAL)
-    return Check("no intent left for a terminal job", checked,
-                 [f"{r['job_id']} ({r['status']}): {r['kind']} intent left (attempts {r['attempts']}, "
-                  f"due {r['not_before']:%H:%M:%S}, claimed until {r['claimed_until']})" for r in rows])
+        order by o.job_id""", TERMINAL, float(cancel_grace_s))
+    violations, draining = [], 0
+    for r in rows:
+        if r["kind"] == "cancel" and not r["overdue"]:
+            draining += 1
+            continue
+        violations.append(f"{r['job_id']} ({r['status']}): {r['kind']} intent left (attempts {r['attempts']}, "
+                          f"due {r['not_before']:%H:%M:%S}, claimed until {r['claimed_until']})")
+    return Check("no intent left for a terminal job", checked, violations,
+                 f"{draining} provider cancel(s) still draining" if draining else "")
 
 
 # --- the provider ------------------------------------------------------------------
@@ -391,11 +399,33 @@ async def reads_agree(conn, seen_terminal: Mapping[str, str]) -> Check:
                   for job_id, status in sorted(seen_terminal.items()) if final.get(job_id) != status])
 
 
+def secrets_not_logged(log_paths: Iterable[str], secrets: Mapping[str, str]) -> Check:
+    """No log line of any process carries a secret (SECRET_KEY, an API key,
+    a provider token). Searched by each secret's last 16 characters: an API
+    key's first characters are its public prefix and may be logged."""
+    needles = {name: value[-16:] for name, value in secrets.items() if len(value) >= 32}
+    violations, lines = [], 0
+    for path in log_paths:
+        with open(path, "r", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                lines += 1
+                for name, needle in needles.items():
+                    if needle in line:
+                        violations.append(f"{os.path.basename(path)}:{number} shows {name}")
+    return Check("no secret in any log line", lines, violations)
+
+
 # --- all of them -----------------------------------------------------------------------------
 
 async def system_checks(conn, *, sim_stats: Mapping[str, Any], storage: Storage,
                         simulator_bytes: bool = True) -> list[Check]:
-    """Every invariant DESIGN.md states that can be read off a quiet system."""
+    """Every invariant DESIGN.md states that can be read off a quiet system,
+    all from one snapshot of the database."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        return await _system_checks(conn, sim_stats, storage, simulator_bytes)
+
+
+async def _system_checks(conn, sim_stats, storage, simulator_bytes) -> list[Check]:
     return [
         await jobs_settled(conn),
         await job_money(conn),
@@ -423,9 +453,6 @@ def format_table(checks: Iterable[Check], *, examples: int = 5) -> str:
             if len(c.violations) > examples:
                 lines.append(f"  ... and {len(c.violations) - examples} more")
     return "\n".join(lines)
-
-
-JOB_ID = re.compile(r"job_[0-9a-f]{24}")
 
 
 async def job_history(conn, job_id: str) -> str:
