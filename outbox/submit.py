@@ -95,7 +95,9 @@ async def _save(ctx: Context, job, provider, request: SubmitRequest, submitted: 
             conn, job_id, task_id=submitted.task_id,
             operation=dict(submitted.operation) if submitted.operation else None,
             webhook_secret=secret, callback_registered=registered,
-            first_check_after_s=policy.first_check_delay(
+            # A task found again after an in-doubt submit may have finished
+            # long ago, its webhook refused while we had no task id: look now.
+            first_check_after_s=0.0 if job["was_in_doubt"] else policy.first_check_delay(
                 provider.facts, callback_registered=registered,
                 seconds_to_deadline=(job["deadline_at"] - dt.datetime.now(dt.timezone.utc)).total_seconds()))
     if result == "closed":

@@ -21,6 +21,7 @@ Requests that start during the first `warmup_s` are sent but not counted.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import resource
 import struct
@@ -121,7 +122,7 @@ async def run_open(call: Callable[[int], Awaitable[int]], n_items: int, workers:
             samples.append(Sample(due, time.perf_counter(), status))
 
     await asyncio.gather(*(worker() for _ in range(workers)))
-    result = summarize(samples, t0 + warmup_s, stop + 5.0, next_item)
+    result = summarize(samples, t0 + warmup_s, float("inf"), next_item)
     result["target_rate"] = rate
     return result
 
@@ -173,6 +174,9 @@ class _Connection(asyncio.Protocol):
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(ConnectionError("connection closed"))
 
+    def closed(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
     async def send(self, raw: bytes) -> int:
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(raw)
@@ -203,17 +207,22 @@ async def run_http(spec: dict) -> dict:
     requests = read_requests(spec["requests_file"])
     workers = spec["connections"]
     loop = asyncio.get_running_loop()
-    conns = []
-    for _ in range(workers):
+
+    async def connect() -> _Connection:
         _, proto = await loop.create_connection(_Connection, spec["host"], spec["port"])
-        conns.append(proto)
-    free = list(conns)
+        return proto
+
+    # First in, first out: at a low fixed rate every connection stays in use,
+    # so none sits idle past the server's keep-alive timeout.
+    free = collections.deque([await connect() for _ in range(workers)])
 
     async def call(i: int) -> int:
-        conn = free.pop()
+        conn = free.popleft()
         try:
+            if conn.closed():  # the server closed an idle one: nothing was sent on it
+                conn = await connect()
             return await conn.send(requests[i])
-        except ConnectionError:
+        except ConnectionError:  # closed while we waited: counted as status 0
             return 0
         finally:
             free.append(conn)
@@ -225,8 +234,9 @@ async def run_http(spec: dict) -> dict:
         result = await run_closed(call, len(requests), workers, spec["duration_s"], spec["warmup_s"])
     after = resource.getrusage(resource.RUSAGE_SELF)
     result["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    for conn in conns:
-        conn.transport.close()
+    for conn in free:
+        if not conn.closed():
+            conn.transport.close()
     return result
 
 

@@ -2,8 +2,11 @@
 balancer."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+
+import asyncpg
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -45,8 +48,17 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
                         status_code=exc.status_code)
 
 
+# The database is restarting or out of reach: a temporary condition, said so.
+DATABASE_DOWN = (OSError, asyncio.TimeoutError, asyncpg.CannotConnectNowError,
+                 asyncpg.InterfaceError, asyncpg.ConnectionFailureError, asyncpg.AdminShutdownError)
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Never echo the exception: it may carry anything.
+    if isinstance(exc, DATABASE_DOWN):
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+        return error_response("unavailable", "the database is unavailable; try again shortly",
+                              {"Retry-After": "1"})
     log.error("unhandled error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
     return error_response("internal", "internal error")
 

@@ -1,0 +1,779 @@
+"""`longcall chaos` (`make chaos`): the reliability run.
+
+Everything real, in one temporary directory: an embedded PostgreSQL, file
+storage, the provider simulator, the web server and two settlers, each its
+own process. N jobs from several owners go in through the HTTP API over all
+four providers (the simulator speaks sim, Replicate, fal and KIE), with the
+simulator's faults on (lost, duplicated and delayed webhooks, submits that
+time out after creating the task, submit/status/download errors), some
+failing and some long tasks, client cancels and polling reads — while
+settlers and the web server are SIGKILLed at random and restarted, and
+PostgreSQL is restarted once. When every job has closed (or is `uncertain`)
+it checks every invariant (app/proof/invariants.py), prints a table, and
+exits 1 on any violation.
+
+The client side survives the kills the way a careful client would: every
+create carries an Idempotency-Key and is retried with the same key and body
+until it gets an answer (402/429 are answers); what it was told is checked
+against the database at the end.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import resource
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from app.embedded import EmbeddedPostgres, free_port
+from app.proof import invariants
+from app.proof.invariants import Check
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TERMINAL = ("succeeded", "failed", "cancelled", "expired")
+SETTLING = ("queued", "submitting", "running")  # `uncertain` waits for an operator, not for us
+
+DEFAULT_FAULTS = {
+    "drop_webhook": 0.10,
+    "duplicate_webhook": 0.10,
+    "delay_webhook_s": 0.5,
+    "submit_timeout_after_create": 0.02,
+    "submit_error": 0.02,
+    "status_error": 0.05,
+    "download_error": 0.05,
+}
+MODELS = {
+    "sim": "image-fast",
+    "replicate": "black-forest-labs/flux-schnell",
+    "fal": "fal-ai/flux/dev",
+    "kie": "veo3_fast",
+}
+# Model names the adapter refuses before any call: the job fails submit_rejected.
+REJECTED_MODELS = {"replicate": "not a model", "fal": "../nope"}
+PROVIDER_WEIGHTS = {"sim": 4, "replicate": 2, "fal": 2, "kie": 2}
+
+
+@dataclass
+class ChaosConfig:
+    jobs: int = 5000
+    owners: int = 3  # owners with room to spare, plus one tight owner (402s and 429s)
+    tight_share: float = 0.04  # of the jobs go to the tight owner
+    settlers: int = 2
+    settler_concurrency: int = 32
+    clients: int = 16  # creates in flight at once
+    create_rate: float | None = 60.0  # creates per second at most (None: as fast as answered)
+    cancel_share: float = 0.06
+    poll_share: float = 0.10
+    poll_for_s: float = 60.0  # a polling client gives up after this long
+    failed_share: float = 0.10
+    long_share: float = 0.05
+    long_duration_s: tuple[float, float] = (15.0, 35.0)
+    rejected_share: float = 0.02  # of the Replicate and fal jobs: a model refused at submit
+    # fal jobs get a short give-up deadline and a few of them outlive it, so
+    # the expire path (and sweep expiry of uncertain jobs) runs too.
+    give_up_after_s_fal: float | None = 150.0
+    overdue_share: float = 0.05  # of the fal jobs
+    faults: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_FAULTS))
+    # The killer: while jobs are going in (and while many are in flight), a
+    # random settler or the web server is SIGKILLed every so often and
+    # restarted after a short outage.
+    kill_interval_s: tuple[float, float] = (8.0, 20.0)
+    outage_s: tuple[float, float] = (0.3, 2.5)
+    max_kills: int = 10
+    min_settler_kills: int = 1
+    min_web_kills: int = 1
+    restart_postgres_at: float | None = 0.5  # share of creates answered; None: no restart
+    provider_timeout_s: float = 4.0
+    # A killed settler's claims come back when their lease ends, and a lost
+    # webhook is noticed by the stale check: both bound how fast a run can
+    # finish, so both are shorter than in production.
+    settler_lease_s: float = 20.0
+    stale_after_s: float = 20.0
+    read_recheck_after_s: float = 3.0
+    sweep_interval_s: float = 20.0
+    give_up_after_s: float = 3600.0
+    drain_timeout_s: float = 420.0
+    progress_every_s: float = 10.0
+    seed: int | None = None  # reproduces the job plan (not the timing of kills and faults)
+    keep_dir: bool = False  # keep the temp directory (it is always kept on a violation)
+
+
+# --- the plan: what each job asks for, decided up front from the seed ---------------
+
+@dataclass(frozen=True)
+class JobPlan:
+    index: int
+    owner: int
+    provider: str
+    model: str
+    input: dict
+    max_credits: int
+    cancel_after_s: float | None
+    poll: bool
+
+    @property
+    def key(self) -> str:
+        return f"chaos-{self.index}"
+
+    def body(self) -> dict:
+        return {"provider": self.provider, "model": self.model, "input": self.input,
+                "max_credits": self.max_credits}
+
+
+def plan_jobs(config: ChaosConfig, rng: random.Random) -> list[JobPlan]:
+    providers = list(PROVIDER_WEIGHTS)
+    weights = list(PROVIDER_WEIGHTS.values())
+    plans = []
+    for i in range(config.jobs):
+        provider = rng.choices(providers, weights)[0]
+        model = MODELS[provider]
+        roll = rng.random()
+        if roll < config.long_share:
+            duration = rng.uniform(*config.long_duration_s)
+        elif provider == "fal" and config.give_up_after_s_fal and roll < config.long_share + config.overdue_share:
+            duration = config.give_up_after_s_fal * 4  # outlives its give-up deadline: expired
+        else:
+            duration = rng.uniform(0.2, 2.5)
+        if rng.random() < config.rejected_share:
+            model = REJECTED_MODELS.get(provider, model)
+        max_credits = rng.randint(5, 20)
+        input_ = {
+            "prompt": f"chaos job {i}",
+            "duration_s": round(duration, 3),
+            "outputs": rng.choices([1, 2, 3], [6, 3, 1])[0],
+            "output_bytes": rng.randint(256, 8192),
+            # sometimes more than the reservation: the charge is capped
+            "cost": rng.randint(1, max_credits + 3),
+        }
+        if rng.random() < config.failed_share:
+            input_["outcome"] = "failed"
+        owner = config.owners if rng.random() < config.tight_share else rng.randrange(config.owners)
+        cancel = rng.uniform(0.0, 4.0) if rng.random() < config.cancel_share else None
+        plans.append(JobPlan(i, owner, provider, model, input_, max_credits, cancel,
+                             poll=rng.random() < config.poll_share))
+    return plans
+
+
+# --- processes ------------------------------------------------------------------------
+
+class Proc:
+    """One service process, killable and restartable, logging to a file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path):
+        self.name, self.argv, self.env, self.log_path = name, argv, env, log_path
+        self.popen: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            log.write(f"--- start {self.starts + 1} at {time.strftime('%H:%M:%S')}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen([sys.executable, "-m", *self.argv], env=self.env, cwd=REPO_ROOT,
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        self.starts += 1
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, exactly like a crash."""
+        if self.popen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+async def _wait_http(url: str, proc: Proc, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            if not proc.alive:
+                raise RuntimeError(f"{proc.name} exited while starting (log: {proc.log_path})")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url)).status_code == 200:
+                    return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{proc.name} did not answer {url} within {timeout:g}s (log: {proc.log_path})")
+
+
+def _postgres_cpu_s(pg: EmbeddedPostgres) -> float:
+    """CPU seconds of the postmaster and the backends it has reaped (Linux
+    /proc; 0 elsewhere). Read before a restart and at the end."""
+    try:
+        pid = int((pg.data_dir / "postmaster.pid").read_text().split()[0])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+        return (utime + stime + cutime + cstime) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+# --- the client -------------------------------------------------------------------------
+
+@dataclass
+class ClientRecord:
+    """What the clients were told; checked against the database at the end."""
+    accepted: dict[str, str] = field(default_factory=dict)  # idempotency key -> job id
+    refused: dict[str, int] = field(default_factory=dict)  # key -> 402 / 429
+    unexpected: list[str] = field(default_factory=list)
+    cancelled: set[str] = field(default_factory=set)  # cancel answered 200 (status cancelled)
+    seen_terminal: dict[str, str] = field(default_factory=dict)
+    answers: Counter = field(default_factory=Counter)
+    create_retries: int = 0
+    reads: int = 0
+
+    def saw(self, job: dict) -> None:
+        status = job.get("status")
+        if status in TERMINAL:
+            previous = self.seen_terminal.setdefault(job["id"], status)
+            if previous != status:
+                self.unexpected.append(f"{job['id']}: read {previous}, later {status}")
+
+
+RETRYABLE = (httpx.TransportError,)  # connect refused/reset, timeouts: the web may be down
+
+
+class LoadGenerator:
+    def __init__(self, config: ChaosConfig, web_url: str, keys: list[str], plans: list[JobPlan],
+                 rng: random.Random):
+        self.config, self.web_url, self.keys, self.plans, self.rng = config, web_url, keys, plans, rng
+        self.record = ClientRecord()
+        self.answered = 0
+        self.creates_done_at: float | None = None  # monotonic time of the last create's answer
+        self.followups: set[asyncio.Task] = set()
+        self.poll_gate = asyncio.Semaphore(100)
+        self.client = httpx.AsyncClient(base_url=web_url, trust_env=False,
+                                        timeout=httpx.Timeout(15.0, connect=3.0),
+                                        limits=httpx.Limits(max_connections=config.clients + 100))
+
+    async def run(self) -> None:
+        queue: asyncio.Queue[JobPlan] = asyncio.Queue()
+        for plan in self.plans:
+            queue.put_nowait(plan)
+        started = time.monotonic()
+
+        async def worker() -> None:
+            while True:
+                try:
+                    plan = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                if self.config.create_rate:
+                    # Spread the creates over time so kills land among them.
+                    due = started + plan.index / self.config.create_rate
+                    if due > time.monotonic():
+                        await asyncio.sleep(due - time.monotonic())
+                await self._create(plan)
+
+        await asyncio.gather(*(worker() for _ in range(self.config.clients)))
+        self.creates_done_at = time.monotonic()
+        while self.followups:
+            await asyncio.gather(*list(self.followups), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        for task in list(self.followups):
+            task.cancel()
+        await self.client.aclose()
+
+    def _auth(self, plan: JobPlan) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[plan.owner]}"}
+
+    async def _create(self, plan: JobPlan) -> None:
+        headers = {**self._auth(plan), "Idempotency-Key": plan.key}
+        deadline = time.monotonic() + 180
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                r = await self.client.post("/v1/jobs", json=plan.body(), headers=headers)
+            except RETRYABLE:
+                r = None
+            if r is not None and r.status_code < 500:
+                break
+            if r is not None:  # the web is up but its database may not be
+                self.record.answers[f"create {r.status_code} (retried)"] += 1
+            if time.monotonic() > deadline:
+                self.record.unexpected.append(f"key {plan.key}: no answer to its create in 180 s")
+                self.answered += 1
+                return
+            self.record.create_retries += 1
+            await asyncio.sleep(min(2.0, 0.1 * attempt) * (0.5 + self.rng.random()))
+        self.answered += 1
+        self.record.answers[f"create {r.status_code}"] += 1
+        if r.status_code in (200, 202):
+            job = r.json()
+            self.record.accepted[plan.key] = job["id"]
+            self.record.saw(job)
+            if plan.cancel_after_s is not None or plan.poll:
+                task = asyncio.create_task(self._follow(plan, job["id"]))
+                self.followups.add(task)
+                task.add_done_callback(self.followups.discard)
+        elif r.status_code in (402, 429):
+            self.record.refused[plan.key] = r.status_code
+        else:
+            self.record.unexpected.append(f"key {plan.key}: create answered {r.status_code} {r.text[:200]}")
+
+    async def _follow(self, plan: JobPlan, job_id: str) -> None:
+        if plan.cancel_after_s is not None:
+            await asyncio.sleep(plan.cancel_after_s)
+            await self._cancel(plan, job_id)
+        if plan.poll:
+            async with self.poll_gate:  # bounded: polls are most of the read load
+                await self._poll(plan, job_id)
+
+    async def _cancel(self, plan: JobPlan, job_id: str) -> None:
+        deadline = time.monotonic() + 120
+        lost_one = False  # an earlier attempt may have cancelled it already
+        while time.monotonic() < deadline:
+            try:
+                r = await self.client.post(f"/v1/jobs/{job_id}/cancel", headers=self._auth(plan))
+            except RETRYABLE:
+                r = None
+            if r is not None and r.status_code < 500:
+                self.record.answers[f"cancel {r.status_code}"] += 1
+                if r.status_code == 200:
+                    job = r.json()
+                    if job.get("status") != "cancelled":
+                        self.record.unexpected.append(f"{job_id}: cancel answered 200 with {job.get('status')}")
+                    self.record.cancelled.add(job_id)
+                    self.record.saw(job)
+                elif r.status_code != 409 or (r.json().get("error") or {}).get("code") != "invalid_state":
+                    self.record.unexpected.append(f"{job_id}: cancel answered {r.status_code} {r.text[:200]}")
+                elif lost_one:
+                    self.record.answers["cancel 409 after a lost answer"] += 1
+                return
+            if r is not None:
+                self.record.answers[f"cancel {r.status_code} (retried)"] += 1
+            lost_one = True
+            await asyncio.sleep(0.3 + self.rng.random())
+        self.record.unexpected.append(f"{job_id}: no answer to its cancel in 120 s")
+
+    async def _poll(self, plan: JobPlan, job_id: str) -> None:
+        """A polling client: reads (often long-polls) until the job closes or
+        it runs out of patience. Reads of a job running past
+        READ_RECHECK_AFTER_S ask for a settle: road 2."""
+        deadline = time.monotonic() + self.config.poll_for_s
+        while time.monotonic() < deadline:
+            wait = self.rng.choice(["", "", "?wait=5", "?wait=10"])
+            try:
+                r = await self.client.get(f"/v1/jobs/{job_id}{wait}", headers=self._auth(plan))
+            except RETRYABLE:
+                r = None
+            if r is not None:
+                self.record.reads += 1
+                self.record.answers[f"read {r.status_code}"] += 1
+                if r.status_code == 200:
+                    job = r.json()
+                    self.record.saw(job)
+                    if job["status"] in TERMINAL or job["status"] == "uncertain":
+                        return
+                elif r.status_code < 500:
+                    self.record.unexpected.append(f"{job_id}: read answered {r.status_code} {r.text[:200]}")
+                    return
+            await asyncio.sleep(self.rng.uniform(1.0, 3.0))
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+@dataclass
+class ChaosResult:
+    checks: list[Check]
+    kills: Counter
+    statuses: Counter
+    elapsed_s: float
+    workdir: str
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+
+class Chaos:
+    def __init__(self, config: ChaosConfig, out: Callable[[str], None]):
+        self.config = config
+        self.out = out
+        seed = config.seed if config.seed is not None else random.randrange(2**32)
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.workdir = Path(tempfile.mkdtemp(prefix="longcall-chaos-"))
+        self.pg = EmbeddedPostgres(self.workdir / "pg", durable=True)
+        self.kills: Counter = Counter()
+        self.procs: list[Proc] = []
+        self.settlers: list[Proc] = []
+        self.web: Proc | None = None
+        self.sim: Proc | None = None
+        self.web_url = ""
+        self.sim_url = ""
+        self.pg_cpu_s = 0.0
+        self.started = time.monotonic()
+        self.load: LoadGenerator | None = None
+        # Real-looking secrets, so the logs can be searched for them at the end.
+        self.env_secrets = {"SECRET_KEY": secrets.token_urlsafe(32),
+                        "REPLICATE_API_TOKEN": "r8_" + secrets.token_urlsafe(24),
+                        "FAL_KEY": secrets.token_urlsafe(24), "KIE_API_KEY": secrets.token_urlsafe(24)}
+        self.api_keys: dict[str, str] = {}
+
+    def say(self, line: str) -> None:
+        self.out(f"[{time.monotonic() - self.started:6.1f}s] {line}")
+
+    # -- setting up -------------------------------------------------------------------------
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("S3_ENDPOINT_URL", "ADMIN_TOKEN", "REPLICATE_WEBHOOK_SECRET", "PORT"):
+            env.pop(name, None)
+        for name in list(env):
+            if name.startswith("GIVE_UP_AFTER_S"):
+                del env[name]
+        env.update({
+            "PYTHONUNBUFFERED": "1",
+            "LOG_LEVEL": "WARNING",
+            "DATABASE_URL": self.pg.url,
+            "STORAGE_URL": f"file://{self.workdir / 'objects'}",
+            "SIM_URL": self.sim_url,
+            "PUBLIC_URL": self.web_url,
+            "REPLICATE_BASE_URL": f"{self.sim_url}/replicate",
+            "FAL_BASE_URL": f"{self.sim_url}/fal",
+            "FAL_JWKS_URL": f"{self.sim_url}/fal/.well-known/jwks.json",
+            "KIE_BASE_URL": f"{self.sim_url}/kie",
+            **self.env_secrets,
+            "PROVIDER_TIMEOUT_S": str(self.config.provider_timeout_s),
+            "READ_RECHECK_AFTER_S": str(self.config.read_recheck_after_s),
+            "SWEEP_INTERVAL_S": str(self.config.sweep_interval_s),
+            "GIVE_UP_AFTER_S": str(self.config.give_up_after_s),
+            "SETTLER_LEASE_S": str(self.config.settler_lease_s),
+            "STALE_AFTER_S": str(self.config.stale_after_s),
+        })
+        if self.config.give_up_after_s_fal:
+            env["GIVE_UP_AFTER_S_FAL"] = str(self.config.give_up_after_s_fal)
+        return env
+
+    def _cli(self, env: dict[str, str], *args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "app", *args], env=env, cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"longcall {args[0]} failed: {done.stderr.strip()[-500:]}")
+        return done.stdout
+
+    async def setup(self) -> list[str]:
+        """PostgreSQL, migrations, owners, then the simulator, web and settlers.
+        Returns the owners' API keys (the tight owner last)."""
+        self.say(f"workdir {self.workdir}, seed {self.seed}")
+        await asyncio.to_thread(self.pg.start)
+        self.sim_url = f"http://127.0.0.1:{free_port()}"
+        self.web_url = f"http://127.0.0.1:{free_port()}"
+        env = self._env()
+        (self.workdir / "objects").mkdir()
+        await asyncio.to_thread(self._cli, env, "migrate")
+        keys = []
+        jobs = self.config.jobs
+        for i in range(self.config.owners + 1):
+            tight = i == self.config.owners
+            credits, max_active = (60, 4) if tight else (jobs * 25, max(100, jobs))
+            made = json.loads(await asyncio.to_thread(
+                self._cli, env, "owners", "create", "chaos-tight" if tight else f"chaos-{i}",
+                "--credits", str(credits), "--max-active", str(max_active), "--json"))
+            keys.append(made["api_key"])
+            self.api_keys[f"the API key of {made['owner_id']}"] = made["api_key"]
+
+        sim_port = self.sim_url.rsplit(":", 1)[1]
+        self.sim = Proc("simulator", ["app.simulator", "--port", sim_port], env, self.workdir / "sim.log")
+        self.web = Proc("web", ["app", "serve", "--host", "127.0.0.1", "--port", self.web_url.rsplit(":", 1)[1]],
+                        env, self.workdir / "web.log")
+        self.settlers = [Proc(f"settler-{i}", ["app", "settler", "--concurrency",
+                                                str(self.config.settler_concurrency)],
+                              env, self.workdir / f"settler-{i}.log") for i in range(self.config.settlers)]
+        self.procs = [self.sim, self.web, *self.settlers]
+        self.sim.start()
+        await _wait_http(f"{self.sim_url}/_sim/faults", self.sim)
+        async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+            (await client.post(f"{self.sim_url}/_sim/faults", json=self.config.faults)).raise_for_status()
+        self.web.start()
+        for s in self.settlers:
+            s.start()
+        await _wait_http(f"{self.web_url}/healthz", self.web)
+        self.say(f"up: postgres {self.pg.port}, simulator {self.sim_url}, web {self.web_url}, "
+                 f"{len(self.settlers)} settlers; faults {self.config.faults}")
+        return keys
+
+    # -- the killer ----------------------------------------------------------------------------
+    async def _kill_and_restart(self, proc: Proc) -> None:
+        proc.kill()
+        self.kills[proc.name.split("-")[0]] += 1
+        outage = self.rng.uniform(*self.config.outage_s)
+        self.say(f"SIGKILL {proc.name}; back in {outage:.1f}s")
+        await asyncio.sleep(outage)
+        proc.start()
+        if proc is self.web:
+            await _wait_http(f"{self.web_url}/healthz", proc)
+
+    async def killer(self, busy: Callable[[], bool]) -> None:
+        """Kill at random intervals while `busy()`; the first kill hits a
+        settler and the second the web server, so a short run has both."""
+        order = ["settler"] * self.config.min_settler_kills + ["web"] * self.config.min_web_kills
+        done = 0
+        while done < self.config.max_kills and (busy() or done < len(order)):
+            await asyncio.sleep(self.rng.uniform(*self.config.kill_interval_s))
+            kind = order[done] if done < len(order) else self.rng.choice(["settler", "web"])
+            victim = self.web if kind == "web" else self.rng.choice(self.settlers)
+            await self._kill_and_restart(victim)
+            done += 1
+
+    async def postgres_restarter(self) -> None:
+        at = self.config.restart_postgres_at
+        if at is None:
+            return
+        while self.load is None or self.load.answered < at * self.config.jobs:
+            await asyncio.sleep(0.2)
+        self.say("restarting PostgreSQL")
+        self.pg_cpu_s += _postgres_cpu_s(self.pg)
+        took = time.monotonic()
+        await asyncio.to_thread(self.pg.restart)
+        self.kills["postgres restart"] += 1
+        self.say(f"PostgreSQL back after {time.monotonic() - took:.1f}s")
+
+    # -- watching ------------------------------------------------------------------------------
+    async def _counts(self) -> tuple[Counter, int] | None:
+        from app import db
+
+        try:
+            conn = await asyncio.wait_for(db.connect(self.pg.url, role="chaos"), 5)
+        except Exception:
+            return None
+        try:
+            rows = await conn.fetch("select status, count(*) as n from jobs group by status")
+            left = await conn.fetchval("""select count(*) from outbox o join jobs j on j.id = o.job_id
+                                          where j.status = any($1::text[])""", list(TERMINAL))
+            return Counter({r["status"]: r["n"] for r in rows}), left
+        except Exception:
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def _line(self, statuses: Counter, left: int) -> str:
+        order = ["queued", "submitting", "running", "uncertain", *TERMINAL]
+        parts = " ".join(f"{s}={statuses[s]}" for s in order if statuses[s])
+        answered = self.load.answered if self.load else 0
+        return f"answered {answered}/{self.config.jobs} creates | {parts} | intents on closed jobs {left}"
+
+    async def progress(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.progress_every_s)
+            if stop.is_set():
+                return
+            got = await self._counts()
+            if got:
+                self.say(self._line(*got))
+
+    async def drain(self) -> bool:
+        """Wait (bounded) until no job is settling and no intent is left on a
+        closed job. True when it got there."""
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        last_said = 0.0
+        while time.monotonic() < deadline:
+            got = await self._counts()
+            if got:
+                statuses, left = got
+                if not any(statuses[s] for s in SETTLING) and left == 0:
+                    self.say("drained: " + self._line(statuses, left))
+                    return True
+                if time.monotonic() - last_said >= self.config.progress_every_s:
+                    self.say("draining: " + self._line(statuses, left))
+                    last_said = time.monotonic()
+            # A process that died on its own (not by our hand) is a finding;
+            # restart it so the run can finish and the checks can speak.
+            for proc in self.procs:
+                if proc.popen is not None and not proc.alive:
+                    self.say(f"{proc.name} exited on its own (code {proc.popen.returncode}); restarting")
+                    self.kills[f"{proc.name.split('-')[0]} died"] += 1
+                    proc.start()
+            await asyncio.sleep(1.0)
+        self.say(f"gave up waiting after {self.config.drain_timeout_s:g}s")
+        return False
+
+    # -- checking ------------------------------------------------------------------------------
+    async def check(self) -> tuple[list[Check], Counter, list[str]]:
+        from app import db
+        from app.storage import open_storage
+
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+            r = await client.get(f"{self.sim_url}/_sim/stats")
+            r.raise_for_status()
+            sim_stats = r.json()
+        storage = open_storage(f"file://{self.workdir / 'objects'}")
+        conn = await db.connect(self.pg.url, role="chaos-check")
+        try:
+            checks = await invariants.system_checks(conn, sim_stats=sim_stats, storage=storage)
+            record = self.load.record
+            checks += [
+                await invariants.accepted_creates_are_jobs(conn, record.accepted, record.refused),
+                await invariants.client_cancels_held(conn, record.cancelled),
+                await invariants.reads_agree(conn, record.seen_terminal),
+                Check("every client request answered as the contract says",
+                      sum(record.answers.values()), list(record.unexpected)),
+                invariants.secrets_not_logged([str(p) for p in sorted(self.workdir.glob("*.log"))],
+                                              {**self.env_secrets, **self.api_keys}),
+            ]
+            by_status = Counter()
+            for r in await conn.fetch("select status, coalesce(error_code, '-') as code, count(*) as n "
+                                      "from jobs group by 1, 2 order by 1, 2"):
+                by_status[(r["status"], r["code"])] = r["n"]
+            # The history of the first few jobs named in a violation, for diagnosis.
+            bad_jobs: dict[str, None] = {}
+            for c in checks:
+                for v in c.violations:
+                    bad_jobs.update(dict.fromkeys(invariants.JOB_ID_IN_URL.findall(v)[:1]))
+            histories = [await invariants.job_history(conn, job_id) for job_id in list(bad_jobs)[:3]]
+        finally:
+            await conn.close()
+            await storage.aclose()
+        self.sim_stats = sim_stats
+        return checks, by_status, histories
+
+    # -- tearing down ---------------------------------------------------------------------------
+    def teardown(self, keep: bool) -> None:
+        for proc in reversed(self.procs):
+            with contextlib.suppress(Exception):
+                proc.stop(timeout=30)
+        with contextlib.suppress(Exception):
+            self.pg_cpu_s += _postgres_cpu_s(self.pg)
+        with contextlib.suppress(Exception):
+            self.pg.stop()
+        if keep:
+            self.say(f"kept {self.workdir} (logs, database, objects)")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _cpu_s() -> float:
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+async def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> ChaosResult:
+    chaos = Chaos(config, out)
+    cpu_before = _cpu_s()
+    ok = False
+    checks: list[Check] = []
+    by_status: Counter = Counter()
+    try:
+        keys = await chaos.setup()
+        plans = plan_jobs(config, chaos.rng)
+        chaos.load = LoadGenerator(config, chaos.web_url, keys, plans, chaos.rng)
+        load = asyncio.create_task(chaos.load.run())
+        statuses_seen: dict[str, int] = {}
+
+        def busy() -> bool:
+            # Keep killing while jobs go in, and while many are still settling.
+            return not load.done() or statuses_seen.get("settling", 0) > config.jobs // 10
+
+        async def watch_settling() -> None:
+            while not load.done() or statuses_seen.get("settling", 0) > config.jobs // 10:
+                got = await chaos._counts()
+                if got:
+                    statuses_seen["settling"] = sum(got[0][s] for s in SETTLING)
+                await asyncio.sleep(2.0)
+
+        stop_progress = asyncio.Event()
+        killer = asyncio.create_task(chaos.killer(busy))
+        restarter = asyncio.create_task(chaos.postgres_restarter())
+        watchers = [asyncio.create_task(chaos.progress(stop_progress)), asyncio.create_task(watch_settling())]
+        try:
+            await load
+            load_s = time.monotonic() - chaos.started
+            chaos.say(f"all {config.jobs} creates answered, clients done")
+            await restarter  # due by now: it fires at a share of the creates
+            await killer
+        finally:
+            stop_progress.set()
+            for task in (load, killer, restarter, *watchers):
+                task.cancel()
+            await asyncio.gather(load, killer, restarter, *watchers, return_exceptions=True)
+            await chaos.load.aclose()
+        drained = await chaos.drain()
+        drain_s = time.monotonic() - chaos.started - load_s
+        for proc in (*chaos.settlers, chaos.web):  # a quiet system before we look
+            proc.stop()
+        checks, by_status, histories = await chaos.check()
+        if not drained:
+            checks.insert(0, Check("drained within the time limit", 1,
+                                   [f"still settling after {config.drain_timeout_s:g}s"]))
+        ok = all(c.ok for c in checks)
+        elapsed = time.monotonic() - chaos.started
+        _report(chaos, checks, by_status, histories, load_s, drain_s, elapsed)
+    finally:
+        chaos.teardown(keep=config.keep_dir or not ok)
+    cpu = _cpu_s() - cpu_before + chaos.pg_cpu_s
+    jobs_made = len(chaos.load.record.accepted) if chaos.load else 0
+    out(f"CPU: {cpu:.0f} s in all processes (PostgreSQL included), "
+        f"{1000 * cpu / max(1, jobs_made):.1f} ms per job; wall {time.monotonic() - chaos.started:.0f} s")
+    out("RESULT: " + ("ok, no violations" if ok else "VIOLATIONS (see above)"))
+    return ChaosResult(checks, chaos.kills, Counter({s: n for (s, _), n in by_status.items()}),
+                       time.monotonic() - chaos.started, str(chaos.workdir))
+
+
+def _report(chaos: Chaos, checks: list[Check], by_status: Counter, histories: list[str],
+            load_s: float, drain_s: float, elapsed: float) -> None:
+    out = chaos.out
+    record = chaos.load.record
+    out("")
+    out(invariants.format_table(checks))
+    out("")
+    out("jobs by status and error code:")
+    for (status, code), n in sorted(by_status.items()):
+        out(f"  {status:<11} {code:<18} {n:>6}")
+    out("client answers: " + ", ".join(f"{k} x{v}" for k, v in sorted(record.answers.items()))
+        + f"; create retries {record.create_retries}")
+    stats = chaos.sim_stats
+    out(f"simulator: {stats.get('tasks_created')} tasks created, {stats.get('webhooks_sent')} webhooks sent "
+        f"({stats.get('webhooks_delivered')} delivered, {stats.get('webhooks_failed')} given up), "
+        f"{stats.get('status_calls')} status calls")
+    out("faults done: " + (", ".join(f"{k} x{v}" for k, v in sorted(chaos.kills.items())) or "none"))
+    creates_s = (chaos.load.creates_done_at or chaos.started) - chaos.started
+    out(f"time: {elapsed:.0f} s (setup and creates {creates_s:.0f} s, clients done at {load_s:.0f} s, "
+        f"then {drain_s:.0f} s draining), seed {chaos.seed}")
+    for history in histories:
+        out("")
+        out(history)
+
+
+def main(jobs: int = 5000, **overrides: Any) -> int:
+    """`longcall chaos --jobs N`. 0 when every invariant holds, 1 otherwise."""
+    if jobs < 1:
+        print("longcall: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    config = ChaosConfig(jobs=jobs, **overrides)
+    try:
+        result = asyncio.run(run_chaos(config, out=lambda line: print(line, flush=True)))
+    except KeyboardInterrupt:
+        return 130
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # a process would not start
+        print(f"longcall: chaos could not run: {e}", file=sys.stderr)
+        return 1
+    return 0 if result.ok else 1
