@@ -3,6 +3,7 @@ storage, the secret box, metrics. Opened once per settler process."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 
@@ -32,7 +33,8 @@ class Context:
     async def open(cls, settings: Settings, *, pool_size: int = 10,
                    provider_timeout_s: float | None = None) -> "Context":
         pool = await db.create_pool(settings.database_url, role="settler", min_size=1, max_size=pool_size)
-        download_dir = os.path.join(tempfile.gettempdir(), f"longcall-downloads-{os.getpid()}")
+        _remove_orphaned_download_dirs()
+        download_dir = os.path.join(tempfile.gettempdir(), f"{DOWNLOAD_DIR_PREFIX}{os.getpid()}")
         os.makedirs(download_dir, exist_ok=True)
         return cls(settings=settings, pool=pool,
                    providers=build_providers(settings, timeout_s=provider_timeout_s or settings.provider_timeout_s),
@@ -49,3 +51,22 @@ class Context:
         await close_providers(self.providers)
         await self.storage.aclose()
         await self.pool.close()
+        shutil.rmtree(self.download_dir, ignore_errors=True)
+
+
+DOWNLOAD_DIR_PREFIX = "longcall-downloads-"
+
+
+def _remove_orphaned_download_dirs() -> None:
+    """Partial downloads of settlers that were killed (their pid is gone)."""
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        if not name.startswith(DOWNLOAD_DIR_PREFIX):
+            continue
+        try:
+            pid = int(name[len(DOWNLOAD_DIR_PREFIX):])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
