@@ -214,15 +214,20 @@ def _cmd_jobs(args) -> int:
 def _cmd_serve(args) -> int:
     import uvicorn
 
+    from app.logs import configure_logging, uvicorn_log_config
     from app.web import create_app
 
-    settings = load_settings()
+    if args.workers < 1:
+        raise CommandError("--workers must be at least 1")
+    settings = load_settings()  # checked here, before any worker starts
     port = args.port if args.port is not None else settings.port
-    from app.logs import configure_logging, uvicorn_log_config
-
     configure_logging(settings.log_level)
-    uvicorn.run(create_app(settings), host=args.host, port=port, log_config=uvicorn_log_config(),
-                access_log=False, proxy_headers=True, lifespan="on")
+    options = dict(host=args.host, port=port, log_config=uvicorn_log_config(), access_log=False,
+                   proxy_headers=True, lifespan="on")
+    if args.workers > 1:
+        uvicorn.run("app.web:create_app_from_env", factory=True, workers=args.workers, **options)
+    else:
+        uvicorn.run(create_app(settings), **options)
     return 0
 
 

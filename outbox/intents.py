@@ -22,14 +22,21 @@ from app.db import OUTBOX_CHANNEL
 
 KINDS = ("submit", "settle", "cancel")
 
-# $1 job, $2 kind, $3 delay (s). `before` is read first so we can tell whether
-# this request moved the due time earlier (only then is there anyone to wake).
+# $1 job, $2 kind, $3 delay (s). Only for a job still in flight: the job row
+# is share-locked, so a concurrent close (whose UPDATE waits for us) cannot
+# slip between the check and the insert and leave an intent on a closed job.
+# `before` is read first to tell whether this request moved the due time
+# earlier (only then is there anyone to wake).
 REQUEST = f"""
-with before as (
+with open_job as (
+    select id from jobs
+    where id = $1 and status in ('queued', 'submitting', 'running', 'uncertain')
+    for share
+), before as (
     select not_before from outbox where job_id = $1 and kind = $2
 ), upsert as (
     insert into outbox (job_id, kind, not_before)
-    values ($1, $2, now() + make_interval(secs => $3))
+    select id, $2, now() + make_interval(secs => $3) from open_job
     on conflict (job_id, kind) do update
         set not_before = least(outbox.not_before, excluded.not_before),
             generation = outbox.generation + 1
@@ -106,11 +113,13 @@ class Intent:
     attempts: int
 
 
-async def request(conn, job_id: str, kind: str, delay_s: float = 0.0) -> None:
-    """Ask for `kind` on a job (coalescing into the open intent)."""
+async def request(conn, job_id: str, kind: str, delay_s: float = 0.0) -> bool:
+    """Ask for `kind` on a job still in flight (coalescing into its open
+    intent). False when the job is closed (or unknown): nothing is written.
+    One statement, one round trip."""
     if kind not in KINDS:
         raise ValueError(f"unknown intent kind {kind}")
-    await conn.execute(REQUEST, job_id, kind, float(delay_s))
+    return await conn.fetchrow(REQUEST, job_id, kind, float(delay_s)) is not None
 
 
 async def claim(conn, limit: int, lease_s: float) -> list[Intent]:

@@ -57,14 +57,18 @@ with owner as (
     insert into jobs (id, owner_id, request_key, request_digest, provider, model, input,
                       credits_reserved, deadline_at)
     select $1, owner.id, $3, $4, $6, $7, $8, $5, now() + make_interval(secs => $9) from owner
-    returning id, owner_id, credits_reserved
+    returning *
 ), reserve as (
     insert into ledger (owner_id, job_id, kind, amount)
     select owner_id, id, 'reserve', credits_reserved from job
 ), intent as (
     insert into outbox (job_id, kind) select id, 'submit' from job
 )
-select job.id, pg_notify('{OUTBOX_CHANNEL}', '') from job
+select job.id, job.owner_id, job.status, job.provider, job.model, job.input, job.created_at,
+       job.updated_at, job.finished_at, job.credits_reserved, job.credits_charged,
+       job.credits_refunded, job.error_code, job.error_message, job.recheck_requested_at,
+       '[]'::json as outputs, pg_notify('{OUTBOX_CHANNEL}', '')
+from job
 """
 BY_REQUEST_KEY = "select id, request_digest from jobs where owner_id = $1 and request_key = $2"
 WHY_REFUSED = "select balance, active, max_active from owners where id = $1"
@@ -74,6 +78,7 @@ WHY_REFUSED = "select balance, active, max_active from owners where id = $1"
 class Created:
     job_id: str
     created: bool  # False: an earlier request with the same key made it
+    row: asyncpg.Record | None = None  # the new job as GET renders it (None for a replay)
 
 
 async def create_job(pool: asyncpg.Pool, *, owner_id: str, request_key: str | None,
@@ -96,7 +101,7 @@ async def create_job(pool: asyncpg.Pool, *, owner_id: str, request_key: str | No
                 return existing
             raise
         if row is not None:
-            return Created(job_id, True)
+            return Created(job_id, True, row)
         why = await conn.fetchrow(WHY_REFUSED, owner_id)
         if why["balance"] < max_credits:
             raise InsufficientCredits(
@@ -127,6 +132,13 @@ j.finished_at, j.credits_reserved, j.credits_charged, j.credits_refunded, j.erro
 j.error_message, j.recheck_requested_at, {_OUTPUTS}
 """
 GET = f"select {_JOB_COLUMNS} from jobs j where j.id = $1"
+# Authentication and the read in one round trip (the hot path of polling
+# clients): no row = bad key; a row with no job = not this owner's job.
+GET_WITH_KEY = f"""
+select k.owner_id as caller, {_JOB_COLUMNS}
+from api_keys k left join jobs j on j.id = $2 and j.owner_id = k.owner_id
+where k.key_hash = $1 and k.revoked_at is null
+"""
 LIST = f"""
 select {_JOB_COLUMNS} from jobs j
 where j.owner_id = $1 and ($2::text is null or j.status = $2)
@@ -139,6 +151,10 @@ LOAD = "select * from jobs where id = $1"
 
 async def get_job(conn, job_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(GET, job_id)
+
+
+async def get_job_with_key(conn, key_hash: bytes, job_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(GET_WITH_KEY, key_hash, job_id)
 
 
 async def list_jobs(conn, owner_id: str, *, status: str | None, limit: int,

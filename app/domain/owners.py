@@ -88,10 +88,16 @@ async def grant(conn: asyncpg.Connection, owner_id: str, amount: int) -> None:
         await conn.execute(GRANT_LEDGER, owner_id, amount)
 
 
-async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, api_key: str) -> str | None:
+def lookup_hash(api_key: str) -> bytes | None:
+    """The hash to look a key up by; None for anything that cannot be a key."""
     if not api_key.startswith("lc_") or len(api_key) > 200:
         return None
-    return await conn.fetchval(AUTHENTICATE, ids.api_key_hash(api_key))
+    return ids.api_key_hash(api_key)
+
+
+async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, api_key: str) -> str | None:
+    key_hash = lookup_hash(api_key)
+    return None if key_hash is None else await conn.fetchval(AUTHENTICATE, key_hash)
 
 
 async def account(conn: asyncpg.Connection | asyncpg.Pool, owner_id: str) -> dict:

@@ -51,15 +51,19 @@ class Clients:
     fresh one fails at connect, before anything is sent (Transient).
     A client passed in is used for both and left open."""
 
-    def __init__(self, timeout_s: float, client: httpx.AsyncClient | None = None):
+    def __init__(self, timeout_s: float, client: httpx.AsyncClient | None = None, *,
+                 idempotent_submit: bool = False):
         self._owned = client is None
         self.reads = client or make_client(timeout_s)
-        self.submits = client or make_client(timeout_s, keepalive=False)
+        # An idempotent submit may safely be sent again, so a spurious
+        # Uncertain costs nothing: it shares the pooled connections.
+        self.submits = client or (self.reads if idempotent_submit else make_client(timeout_s, keepalive=False))
 
     async def aclose(self) -> None:
         if self._owned:
             await self.reads.aclose()
-            await self.submits.aclose()
+            if self.submits is not self.reads:
+                await self.submits.aclose()
 
 
 def scrub(text: str, secrets: Iterable[str | None] = ()) -> str:

@@ -77,7 +77,7 @@ class SimProvider(Provider):
         stale_after_s: float = 30.0,
     ):
         self.base_url = base_url.rstrip("/")
-        self._http = Clients(timeout_s, client)
+        self._http = Clients(timeout_s, client, idempotent_submit=True)
         self.facts = ProviderFacts(
             name=NAME,
             webhook_scheme="t/v1",

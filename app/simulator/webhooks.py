@@ -51,7 +51,8 @@ class WebhookSender:
                 timeout=ATTEMPT_TIMEOUT_S,
                 follow_redirects=False,
                 trust_env=False,
-                limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+                # Few idle connections: httpx checks every idle one per request.
+                limits=httpx.Limits(max_connections=200, max_keepalive_connections=8),
             )
         return self._client
 

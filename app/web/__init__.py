@@ -109,3 +109,13 @@ def create_app(settings: Settings, *, pool_size: int = 20) -> Starlette:
     )
     app.add_middleware(AccessLog)
     return app
+
+
+def create_app_from_env() -> Starlette:
+    """For `longcall serve --workers N` (uvicorn imports it in each worker)."""
+    from app.config import load_settings
+    from app.logs import configure_logging
+
+    settings = load_settings()
+    configure_logging(settings.log_level)
+    return create_app(settings)

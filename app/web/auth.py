@@ -12,12 +12,16 @@ from app.web.errors import ApiError
 READ_TOKEN_TTL_S = 24 * 3600
 
 
-async def require_owner(request: Request) -> str:
+def bearer_key(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise ApiError("unauthenticated", "send an API key as 'Authorization: Bearer <key>'")
-    owner_id = await owners.authenticate(request.app.state.pool, key.strip())
+    return key.strip()
+
+
+async def require_owner(request: Request) -> str:
+    owner_id = await owners.authenticate(request.app.state.pool, bearer_key(request))
     if owner_id is None:
         raise ApiError("unauthenticated", "the API key is not valid")
     return owner_id

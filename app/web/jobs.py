@@ -10,9 +10,9 @@ from starlette.responses import JSONResponse, RedirectResponse, Response, Stream
 
 from app import ids
 from app.config import PROVIDERS
-from app.domain import jobs, states
+from app.domain import jobs, owners, states
 from app.storage import ObjectNotFound
-from app.web.auth import has_bearer, read_token_for, require_owner, token_allows
+from app.web.auth import bearer_key, has_bearer, read_token_for, require_owner, token_allows
 from app.web.body import read_json_object
 from app.web.errors import ApiError, not_found
 from app.web.render import render_job
@@ -74,7 +74,7 @@ async def create_job(request: Request) -> Response:
         raise ApiError("capacity_exhausted", str(e), {"Retry-After": "5"}) from None
     except jobs.IdempotencyConflict as e:
         raise ApiError("idempotency_conflict", str(e)) from None
-    row = await jobs.get_job(request.app.state.pool, created.job_id)
+    row = created.row or await jobs.get_job(request.app.state.pool, created.job_id)
     body = render_job(row, read_token_for(request, created.job_id))
     if created.created:
         request.app.state.metrics.job_created(provider)
@@ -87,9 +87,11 @@ async def _readable_job(request: Request, job_id: str):
     if not ids.is_job_id(job_id):
         raise not_found()
     if has_bearer(request):
-        owner_id = await require_owner(request)
-        row = await jobs.get_job(request.app.state.pool, job_id)
-        if row is None or row["owner_id"] != owner_id:
+        key_hash = owners.lookup_hash(bearer_key(request))
+        row = key_hash and await jobs.get_job_with_key(request.app.state.pool, key_hash, job_id)
+        if not row:
+            raise ApiError("unauthenticated", "the API key is not valid")
+        if row["id"] is None:
             raise not_found()
         return row, False
     if "token" in request.query_params:

@@ -14,9 +14,6 @@ from app.signing.secretbox import SecretBox
 from outbox import intents
 
 LOAD = "select status, webhook_secret from jobs where id = $1 and provider = $2"
-# Locks the job row against a concurrent close (its UPDATE waits for us) so a
-# settle is never requested for a job that has just closed.
-STILL_OPEN = "select status = any($2::text[]) from jobs where id = $1 for share"
 
 
 async def accept(pool, provider: Provider, secretbox: SecretBox, job_id: str,
@@ -34,8 +31,6 @@ async def accept(pool, provider: Provider, secretbox: SecretBox, job_id: str,
     # webhooks waiting on that must not drain the pool.
     if not await provider.verify(webhook):
         return False
-    async with pool.acquire() as conn, conn.transaction():
-        if not await conn.fetchval(STILL_OPEN, job_id, list(states.IN_FLIGHT)):
-            return False  # closed while we verified
-        await intents.request(conn, job_id, "settle")
-        return True
+    # One statement: requested only if the job is still open (closed while
+    # we verified: nothing to do).
+    return await intents.request(pool, job_id, "settle")
