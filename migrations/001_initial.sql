@@ -50,7 +50,6 @@ create table jobs (
     -- submit blindly.
     submit_in_doubt           boolean not null default false,
     submit_attempts           integer not null default 0 check (submit_attempts >= 0),
-    polls                     integer not null default 0 check (polls >= 0),
     last_error                text,
     credits_reserved          bigint not null check (credits_reserved >= 1),
     credits_charged           bigint not null default 0 check (credits_charged >= 0),

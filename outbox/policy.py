@@ -27,13 +27,13 @@ def exhausted(kind: str, attempts: int) -> bool:
     return attempts > MAX_ATTEMPTS[kind]
 
 
-def next_check_delay(facts: ProviderFacts, *, callback_registered: bool, polls: int,
+def next_check_delay(facts: ProviderFacts, *, callback_registered: bool, age_s: float,
                      seconds_to_deadline: float) -> float:
     """When to ask the provider again about a running task: with a webhook
     registered, only the lost-webhook check; without, the provider's poll
     schedule. Never past the give-up deadline, so the deadline is a timer
     too."""
-    delay = facts.stale_after_s if callback_registered else facts.poll_delay(polls)
+    delay = facts.stale_after_s if callback_registered else facts.poll_delay(age_s)
     return max(0.0, min(delay, seconds_to_deadline))
 
 

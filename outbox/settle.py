@@ -63,10 +63,9 @@ async def settle(ctx: Context, job_id: str, attempts: int) -> Outcome:
     ctx.metrics.provider_call(provider.name, "status", "ok")
 
     if seen.state == TaskState.RUNNING:
-        async with ctx.pool.acquire() as conn:
-            polls = await jobs.count_poll(conn, job_id)
         delay = policy.next_check_delay(provider.facts, callback_registered=job["callback_registered"],
-                                        polls=polls, seconds_to_deadline=(job["deadline_at"] - now).total_seconds())
+                                        age_s=(now - job["created_at"]).total_seconds(),
+                                        seconds_to_deadline=(job["deadline_at"] - now).total_seconds())
         return Later(delay, failed=False, reason="still running")
     if seen.state in (TaskState.FAILED, TaskState.CANCELLED):
         outcome = await _close(ctx, job, states.FAILED, error_code=states.PROVIDER_FAILED,

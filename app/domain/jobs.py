@@ -323,7 +323,6 @@ returning id, pg_notify('{JOBS_CHANNEL}', id)
 """
 
 NOTE_ERROR = "update jobs set last_error = $2, updated_at = now() where id = $1"
-COUNT_POLL = "update jobs set polls = polls + 1 where id = $1 returning polls"
 
 
 async def begin_submit(conn, job_id: str) -> asyncpg.Record | None:
@@ -355,6 +354,3 @@ async def mark_uncertain(conn, job_id: str, reason: str) -> bool:
 async def note_error(conn, job_id: str, message: str) -> None:
     await conn.execute(NOTE_ERROR, job_id, message[:1000])
 
-
-async def count_poll(conn, job_id: str) -> int:
-    return await conn.fetchval(COUNT_POLL, job_id) or 0

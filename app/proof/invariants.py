@@ -460,7 +460,7 @@ async def job_history(conn, job_id: str) -> str:
     (never its secret)."""
     job = await conn.fetchrow("""
         select id, owner_id, provider, model, status, provider_task_id, callback_registered,
-               provider_call_started_at, submit_in_doubt, submit_attempts, polls,
+               provider_call_started_at, submit_in_doubt, submit_attempts,
                last_error, credits_reserved, credits_charged, credits_refunded, error_code,
                error_message, created_at, updated_at, finished_at, deadline_at,
                webhook_secret is not null as holds_secret, input::text as input

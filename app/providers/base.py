@@ -114,15 +114,24 @@ class ProviderFacts:
     # Lost-webhook check: with a webhook registered, ask the provider anyway
     # this long after submit.
     stale_after_s: float
-    # Poll schedule without webhooks: seconds to wait before the n-th check
-    # (n = 0 is the first check after submit).
+    # Poll schedule without webhooks: the wait before each check, in order
+    # (the first check after submit, then the next...); the last one repeats.
     poll_delays_s: tuple[float, ...] = (2.0, 3.0, 5.0, 10.0, 20.0, 30.0)
     # Hosts outputs may be downloaded from (exact names, or ".suffix").
     output_hosts: tuple[str, ...] = field(default_factory=tuple)
     output_ttl_s: float = 3600.0
 
-    def poll_delay(self, n: int) -> float:
-        return self.poll_delays_s[min(n, len(self.poll_delays_s) - 1)]
+    def poll_delay(self, age_s: float) -> float:
+        """The wait before the next check of a task submitted `age_s` ago.
+        Read off the schedule by the task's age, not by counting checks, so
+        checks that other roads asked for (webhooks, reads) do not push the
+        next timer out."""
+        elapsed = 0.0
+        for delay in self.poll_delays_s:
+            elapsed += delay
+            if age_s < elapsed:
+                return delay
+        return self.poll_delays_s[-1]
 
 
 class Provider:

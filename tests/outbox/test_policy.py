@@ -1,0 +1,41 @@
+"""The settler's pure decisions."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from app.providers.base import ProviderFacts
+from outbox import policy
+
+FACTS = ProviderFacts(name="p", webhook_scheme="t/v1", idempotent_submit=True, can_find=False,
+                      stale_after_s=30.0, poll_delays_s=(2.0, 3.0, 5.0, 10.0))
+
+
+@pytest.mark.parametrize("age,delay", [(0, 2), (1.9, 2), (2, 3), (4.9, 3), (5, 5), (9.9, 5), (10, 10),
+                                       (19.9, 10), (20, 10), (3600, 10)])
+def test_poll_schedule_follows_the_tasks_age(age, delay):
+    assert FACTS.poll_delay(age) == delay
+
+
+def test_next_check_with_and_without_a_webhook_and_never_past_the_deadline():
+    assert policy.next_check_delay(FACTS, callback_registered=False, age_s=0, seconds_to_deadline=100) == 2
+    assert policy.next_check_delay(FACTS, callback_registered=True, age_s=0, seconds_to_deadline=100) == 30
+    assert policy.next_check_delay(FACTS, callback_registered=True, age_s=0, seconds_to_deadline=7) == 7
+    assert policy.next_check_delay(FACTS, callback_registered=False, age_s=50, seconds_to_deadline=-5) == 0
+    assert policy.first_check_delay(FACTS, callback_registered=True, seconds_to_deadline=3) == 3
+
+
+def test_backoff_doubles_with_jitter_and_is_capped():
+    rng = random.Random(7)
+    for attempt in range(1, 15):
+        full = min(300.0, 2 ** (attempt - 1))
+        for _ in range(20):
+            assert full / 2 <= policy.backoff(attempt, rng=rng) <= full
+    assert policy.backoff(0) <= 1.0  # nonsense attempts are treated as the first
+
+
+def test_attempt_caps():
+    assert not policy.exhausted("settle", policy.MAX_ATTEMPTS["settle"])
+    assert policy.exhausted("settle", policy.MAX_ATTEMPTS["settle"] + 1)
+    assert policy.exhausted("cancel", policy.MAX_ATTEMPTS["cancel"] + 1)
