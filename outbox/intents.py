@@ -79,6 +79,22 @@ where id = $1 and not exists (select 1 from gone)
 returning id
 """
 
+# The same for many intents at once (the settler's group commit of finished
+# work): returns the ids that were kept because they were asked for again.
+FINISH_MANY = """
+with done as (
+    select * from unnest($1::bigint[], $2::int[]) as d(id, generation)
+), gone as (
+    delete from outbox o using done
+    where o.id = done.id and o.generation = done.generation
+    returning o.id
+)
+update outbox o set claimed_until = null
+from done
+where o.id = done.id and o.id not in (select id from gone)
+returning o.id
+"""
+
 # Put the intent back to run again after a delay. A request that coalesced
 # meanwhile keeps it due now. `failed` keeps the attempt count (toward the
 # cap); a normal durable wait ("still running, ask later") resets it.
@@ -130,6 +146,12 @@ async def claim(conn, limit: int, lease_s: float) -> list[Intent]:
 async def finish(conn, intent: Intent) -> bool:
     """Delete a done intent; True when a new request kept it (still due)."""
     return await conn.fetchval(FINISH, intent.id, intent.generation) is not None
+
+
+async def finish_many(conn, done: list[Intent]) -> set[int]:
+    """finish() for a batch in one statement; the ids kept (still due)."""
+    rows = await conn.fetch(FINISH_MANY, [i.id for i in done], [i.generation for i in done])
+    return {r["id"] for r in rows}
 
 
 async def retry(conn, intent: Intent, delay_s: float, *, failed: bool) -> asyncpg.Record | None:

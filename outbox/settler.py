@@ -53,6 +53,10 @@ class Settler:
         self.due_now = True  # scan once at start
         self.next_wake: float | None = None  # epoch seconds of the earliest known timer
         self.stopping = False
+        # Finished intents wait here a moment to be deleted together (group
+        # commit): one statement for many, instead of one each.
+        self.finished: list[intents.Intent] = []
+        self.finished_ready = asyncio.Event()
 
     # -- signals from elsewhere --------------------------------------------------
     def _due(self) -> None:
@@ -79,6 +83,7 @@ class Settler:
     async def run(self) -> None:
         listener = asyncio.create_task(self._listen())
         leases = asyncio.create_task(self._keep_leases())
+        finisher = asyncio.create_task(self._finish_batches())
         next_sweep = time.time() + (self.sweep_interval_s or 0)
         try:
             while not self.stopping:
@@ -104,6 +109,10 @@ class Settler:
         finally:
             listener.cancel()
             await self._shutdown()
+            finisher.cancel()
+            with contextlib.suppress(BaseException):
+                await finisher
+            await self._flush_finished()
             leases.cancel()
             for t in (listener, leases):
                 with contextlib.suppress(BaseException):
@@ -153,20 +162,21 @@ class Settler:
             log.exception("step failed", extra={"job_id": intent.job_id, "intent": intent.kind})
             outcome = Later(policy.backoff(intent.attempts), failed=True, reason=type(e).__name__)
         try:
-            async with self.ctx.pool.acquire() as conn:
-                if isinstance(outcome, Done):
-                    if await intents.finish(conn, intent):
-                        self._due()  # asked again while we worked: run it again
-                else:
+            if isinstance(outcome, Done):
+                # Still claimed (its lease runs) until the batch is written.
+                self.finished.append(intent)
+                self.finished_ready.set()
+            else:
+                async with self.ctx.pool.acquire() as conn:
                     if outcome.failed and outcome.reason:
                         # Operators see why (longcall status, the job's error on exhaustion).
                         await jobs.note_error(conn, intent.job_id, f"{intent.kind}: {outcome.reason}")
                     row = await intents.retry(conn, intent, outcome.delay_s, failed=outcome.failed)
-                    if row is not None:
-                        if row["requested_meanwhile"]:
-                            self._due()
-                        else:
-                            self._timer(row["not_before"].timestamp())
+                if row is not None:
+                    if row["requested_meanwhile"]:
+                        self._due()
+                    else:
+                        self._timer(row["not_before"].timestamp())
             INTENTS.labels(intent.kind, "done" if isinstance(outcome, Done) else
                            ("retry" if outcome.failed else "wait")).inc()
         except Exception as e:  # the lease will bring the intent back
@@ -178,6 +188,25 @@ class Settler:
             # batched under load), or when the last one finished.
             if self.concurrency - len(self.running) >= max(1, self.concurrency // 4) or not self.running:
                 self._due()
+
+    async def _finish_batches(self) -> None:
+        while True:
+            await self.finished_ready.wait()
+            await asyncio.sleep(0.002)  # let the finishing tasks of this moment join the batch
+            await self._flush_finished()
+
+    async def _flush_finished(self) -> None:
+        self.finished_ready.clear()
+        batch, self.finished = self.finished, []
+        if not batch:
+            return
+        try:
+            async with self.ctx.pool.acquire() as conn:
+                if await intents.finish_many(conn, batch):
+                    self._due()  # asked again while we worked: run them again
+        except Exception as e:  # their leases will bring them back; the steps are idempotent
+            log.warning("could not delete finished intents", extra={"count": len(batch),
+                                                                    "error": type(e).__name__})
 
     async def _exhaust(self, intent: intents.Intent) -> Outcome:
         """An intent that failed too often: its job fails with a refund

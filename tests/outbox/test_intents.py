@@ -122,3 +122,16 @@ async def test_closing_a_job_drops_its_submit_and_settle_intents(db, job_ids):
         assert closed is not None
         # no provider call had started: no provider cancel either
         assert await conn.fetchval("select count(*) from outbox where job_id = $1", job) == 0
+
+
+async def test_finish_many_deletes_done_work_and_keeps_what_was_asked_again(db, job_ids):
+    async with db.acquire() as conn:
+        for job in job_ids:
+            await intents.request(conn, job, "settle")
+        claimed = await intents.claim(conn, 10, lease_s=60)
+        asked_again = claimed[0]
+        await intents.request(conn, asked_again.job_id, "settle")
+        kept = await intents.finish_many(conn, claimed)
+        assert kept == {asked_again.id}
+        rows = await conn.fetch("select id, claimed_until from outbox")
+        assert [(r["id"], r["claimed_until"]) for r in rows] == [(asked_again.id, None)]
