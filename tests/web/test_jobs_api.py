@@ -234,3 +234,19 @@ async def test_health_and_openapi(web, db):
         assert "/v1/jobs" in doc["paths"]
         r = await c.get("/nope")
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+async def test_secret_key_rotation_accepts_old_tokens(web, make_owner, db):
+    old, new = "old-secret-key-0123456789", "new-secret-key-0123456789"
+    before = await web(SECRET_KEY=old)
+    owner = await make_owner()
+    async with before.client(owner.api_key) as c:
+        job = (await c.post("/v1/jobs", json=JOB)).json()
+    rotating = await web(SECRET_KEY=f"{new},{old}")
+    after = await web(SECRET_KEY=new)
+    async with rotating.client() as anon:
+        assert (await anon.get(job["status_url"])).status_code == 200   # old token, both keys: accepted
+        fresh = (await anon.get(job["status_url"])).json()["status_url"]  # re-issued with the new key
+    async with after.client() as anon:
+        assert (await anon.get(job["status_url"])).status_code == 404   # old key dropped: refused
+        assert (await anon.get(fresh)).status_code == 200
