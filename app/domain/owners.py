@@ -69,14 +69,25 @@ async def create_key(conn: asyncpg.Connection, owner_id: str) -> str:
         return await _insert_key(conn, owner_id)
 
 
+MIN_PREFIX_LEN = 7  # "lc_" and four more characters
+
+
 async def revoke_key(conn: asyncpg.Connection, prefix: str) -> str:
-    """Revoke the key named by its first characters; returns its owner."""
-    owner = None
-    if len(prefix) >= ids.KEY_PREFIX_LEN:
-        owner = await conn.fetchval(REVOKE_KEY, prefix[: ids.KEY_PREFIX_LEN])
-    if owner is None:
-        raise NotFound(f"no active key with prefix {prefix[:ids.KEY_PREFIX_LEN]}")
-    return owner
+    """Revoke the active key named by its first characters (at least 7;
+    the whole key works too); returns its owner. A prefix shared by several
+    active keys revokes nothing."""
+    prefix = prefix[: ids.KEY_PREFIX_LEN]
+    if len(prefix) < MIN_PREFIX_LEN:
+        raise NotFound(f"give at least the key's first {MIN_PREFIX_LEN} characters")
+    async with conn.transaction():
+        matches = await conn.fetch(
+            "select prefix from api_keys where starts_with(prefix, $1) and revoked_at is null for update",
+            prefix)
+        if not matches:
+            raise NotFound(f"no active key starts with {prefix}")
+        if len(matches) > 1:
+            raise NotFound(f"{len(matches)} active keys start with {prefix}; give more characters")
+        return await conn.fetchval(REVOKE_KEY, matches[0]["prefix"])
 
 
 async def grant(conn: asyncpg.Connection, owner_id: str, amount: int) -> None:

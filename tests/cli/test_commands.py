@@ -105,3 +105,14 @@ def test_status_is_one_screen(run, db):
 def test_sweep_once_with_nothing_in_flight(run, db):
     out = run("sweep", "--once").stdout
     assert out.startswith("sweep: 0 submit and 0 settle intents queued")
+
+
+async def test_revoked_key_stops_working_at_once(run, db, web):
+    server = await web()
+    out = json.loads(run("owners", "create", "acme", "--credits", "5", "--json").stdout)
+    async with server.client(out["api_key"]) as c:
+        assert (await c.get("/v1/account")).status_code == 200
+        assert run("keys", "revoke", out["api_key"][:3], ok=False).returncode == 1  # too short to name a key
+        run("keys", "revoke", out["api_key"][:8])
+        r = await c.get("/v1/account")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
