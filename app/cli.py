@@ -244,7 +244,7 @@ def _cmd_settler(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    from outbox.sweep import sweep_once_command
+    from outbox.roads.sweep import sweep_once_command
 
     settings = _db_settings()
     return asyncio.run(sweep_once_command(settings))

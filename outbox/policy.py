@@ -1,10 +1,9 @@
-"""Pure decisions of the settler: backoff, attempt caps, when to look again.
+"""Pure decisions of the settler: backoff and attempt caps (when to look
+again at a running task is in outbox/roads/timers.py).
 No I/O here; tests call these directly."""
 from __future__ import annotations
 
 import random
-
-from app.providers.base import ProviderFacts
 
 # Consecutive failed attempts (errors, not normal "ask later" waits) before
 # an intent gives up: the job then fails with a refund (settle_exhausted).
@@ -25,21 +24,3 @@ def backoff(attempt: int, *, base_s: float = 1.0, cap_s: float = 300.0,
 
 def exhausted(kind: str, attempts: int) -> bool:
     return attempts > MAX_ATTEMPTS[kind]
-
-
-def next_check_delay(facts: ProviderFacts, *, callback_registered: bool, age_s: float,
-                     seconds_to_deadline: float) -> float:
-    """When to ask the provider again about a running task: with a webhook
-    registered, only the lost-webhook check; without, the provider's poll
-    schedule. Never past the give-up deadline, so the deadline is a timer
-    too."""
-    delay = facts.stale_after_s if callback_registered else facts.poll_delay(age_s)
-    return max(0.0, min(delay, seconds_to_deadline))
-
-
-def first_check_delay(facts: ProviderFacts, *, callback_registered: bool,
-                      seconds_to_deadline: float = float("inf")) -> float:
-    """The first check after submit; like every check, never past the
-    give-up deadline."""
-    delay = facts.stale_after_s if callback_registered else facts.poll_delay(0)
-    return max(0.0, min(delay, seconds_to_deadline))

@@ -26,6 +26,7 @@ from app.download import DownloadError, OutputTooLarge, Refused, download_to_fil
 from app.providers.base import Observation, ProviderError, Task, TaskState
 from app.storage import object_key
 from outbox import policy
+from outbox.roads import timers
 from outbox.context import Context
 from outbox.outcome import DONE, Later, Outcome
 
@@ -63,7 +64,7 @@ async def settle(ctx: Context, job_id: str, attempts: int) -> Outcome:
     ctx.metrics.provider_call(provider.name, "status", "ok")
 
     if seen.state == TaskState.RUNNING:
-        delay = policy.next_check_delay(provider.facts, callback_registered=job["callback_registered"],
+        delay = timers.next_check_delay(provider.facts, callback_registered=job["callback_registered"],
                                         age_s=(now - job["created_at"]).total_seconds(),
                                         seconds_to_deadline=(job["deadline_at"] - now).total_seconds())
         return Later(delay, failed=False, reason="still running")

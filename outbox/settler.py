@@ -28,7 +28,7 @@ from outbox.context import Context
 from outbox.outcome import Done, Later, Outcome
 from outbox.settle import settle
 from outbox.submit import submit
-from outbox.sweep import sweep_once
+from outbox.roads.sweep import sweep_once
 
 log = logging.getLogger("longcall.settler")
 

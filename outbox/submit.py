@@ -15,6 +15,7 @@ import logging
 from app.domain import jobs, states
 from app.providers.base import Rejected, SubmitRequest, Submitted, Transient, Uncertain
 from outbox import policy
+from outbox.roads import timers
 from outbox.context import Context
 from outbox.outcome import DONE, Later, Outcome
 
@@ -97,7 +98,7 @@ async def _save(ctx: Context, job, provider, request: SubmitRequest, submitted: 
             webhook_secret=secret, callback_registered=registered,
             # A task found again after an in-doubt submit may have finished
             # long ago, its webhook refused while we had no task id: look now.
-            first_check_after_s=0.0 if job["was_in_doubt"] else policy.first_check_delay(
+            first_check_after_s=0.0 if job["was_in_doubt"] else timers.first_check_delay(
                 provider.facts, callback_registered=registered,
                 seconds_to_deadline=(job["deadline_at"] - dt.datetime.now(dt.timezone.utc)).total_seconds()))
     if result == "closed":

@@ -557,7 +557,7 @@ async def bench_sweep(env: Env, p: Params) -> list[Row]:
     import asyncpg
 
     from app.migrate import migrate
-    from outbox.sweep import BATCH, PROBE
+    from outbox.roads.sweep import BATCH, PROBE
 
     say(f"sweep: {p.sweep_finished_jobs:,} finished jobs in a database of their own")
     await env.pool.execute("drop database if exists bench_sweep")

@@ -7,6 +7,7 @@ import pytest
 
 from app.providers.base import ProviderFacts
 from outbox import policy
+from outbox.roads import timers
 
 FACTS = ProviderFacts(name="p", webhook_scheme="t/v1", idempotent_submit=True, can_find=False,
                       stale_after_s=30.0, poll_delays_s=(2.0, 3.0, 5.0, 10.0))
@@ -19,11 +20,11 @@ def test_poll_schedule_follows_the_tasks_age(age, delay):
 
 
 def test_next_check_with_and_without_a_webhook_and_never_past_the_deadline():
-    assert policy.next_check_delay(FACTS, callback_registered=False, age_s=0, seconds_to_deadline=100) == 2
-    assert policy.next_check_delay(FACTS, callback_registered=True, age_s=0, seconds_to_deadline=100) == 30
-    assert policy.next_check_delay(FACTS, callback_registered=True, age_s=0, seconds_to_deadline=7) == 7
-    assert policy.next_check_delay(FACTS, callback_registered=False, age_s=50, seconds_to_deadline=-5) == 0
-    assert policy.first_check_delay(FACTS, callback_registered=True, seconds_to_deadline=3) == 3
+    assert timers.next_check_delay(FACTS, callback_registered=False, age_s=0, seconds_to_deadline=100) == 2
+    assert timers.next_check_delay(FACTS, callback_registered=True, age_s=0, seconds_to_deadline=100) == 30
+    assert timers.next_check_delay(FACTS, callback_registered=True, age_s=0, seconds_to_deadline=7) == 7
+    assert timers.next_check_delay(FACTS, callback_registered=False, age_s=50, seconds_to_deadline=-5) == 0
+    assert timers.first_check_delay(FACTS, callback_registered=True, seconds_to_deadline=3) == 3
 
 
 def test_backoff_doubles_with_jitter_and_is_capped():

@@ -10,7 +10,7 @@ import asyncpg
 from app import db as app_db
 from outbox.context import Context
 from outbox.settler import Settler
-from outbox.sweep import sweep_once
+from outbox.roads.sweep import sweep_once
 from tests.roads.conftest import (
     assert_money_balances,
     longcall,
