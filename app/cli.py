@@ -90,10 +90,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _settings(**kwargs) -> Settings:
-    return load_settings(**kwargs)
-
-
 async def _connect(settings: Settings):
     from app import db
 

@@ -68,19 +68,9 @@ from due where o.id = due.id
 returning o.id, o.job_id, o.kind, o.generation, o.attempts
 """
 
-# Done: delete the intent, unless a request coalesced into it meanwhile
-# (generation moved) — then release it, still due.
-FINISH = """
-with gone as (
-    delete from outbox where id = $1 and generation = $2 returning id
-)
-update outbox set claimed_until = null
-where id = $1 and not exists (select 1 from gone)
-returning id
-"""
-
-# The same for many intents at once (the settler's group commit of finished
-# work): returns the ids that were kept because they were asked for again.
+# Done: delete finished intents, all in one statement (the settler's group
+# commit) — except those a request coalesced into meanwhile (generation
+# moved): those are released, still due. Returns the ids kept.
 FINISH_MANY = """
 with done as (
     select * from unnest($1::bigint[], $2::int[]) as d(id, generation)
@@ -143,13 +133,8 @@ async def claim(conn, limit: int, lease_s: float) -> list[Intent]:
     return [Intent(r["id"], r["job_id"], r["kind"], r["generation"], r["attempts"]) for r in rows]
 
 
-async def finish(conn, intent: Intent) -> bool:
-    """Delete a done intent; True when a new request kept it (still due)."""
-    return await conn.fetchval(FINISH, intent.id, intent.generation) is not None
-
-
 async def finish_many(conn, done: list[Intent]) -> set[int]:
-    """finish() for a batch in one statement; the ids kept (still due)."""
+    """Delete done intents; the ids kept because they were asked for again."""
     rows = await conn.fetch(FINISH_MANY, [i.id for i in done], [i.generation for i in done])
     return {r["id"] for r in rows}
 

@@ -27,10 +27,6 @@ OUTPUT_REFUSED = "output_refused"  # the URL broke the download policy (host, ad
 RESOLVED_FAILED = "resolved_failed"
 
 
-def is_terminal(status: str) -> bool:
-    return status in TERMINAL
-
-
 def charge_for(reserved: int, reported_cost: int | None) -> int:
     """What a succeeded job is charged: the provider's cost capped at the
     reservation; a provider that reports no cost is charged the reservation."""

@@ -71,11 +71,11 @@ async def test_a_request_while_claimed_is_not_lost(db, job_ids):
         await intents.request(conn, job, "settle")
         [claimed] = await intents.claim(conn, 10, lease_s=60)
         await intents.request(conn, job, "settle")        # asked again while a worker holds it
-        assert await intents.finish(conn, claimed) is True  # kept, and due
+        assert await intents.finish_many(conn, [claimed]) == {claimed.id}  # kept, and due
         row = await conn.fetchrow("select * from outbox where job_id = $1", job)
         assert row["claimed_until"] is None and row["not_before"] <= await conn.fetchval("select now()")
         [again] = await intents.claim(conn, 10, lease_s=60)
-        assert await intents.finish(conn, again) is False   # nothing new: deleted
+        assert await intents.finish_many(conn, [again]) == set()  # nothing new: deleted
         assert await conn.fetchval("select count(*) from outbox") == 0
 
 
