@@ -8,7 +8,7 @@ import httpx
 
 from app.simulator.outputs import output_sha256
 from tests.outbox.conftest import assert_money_balances, wait_for_status
-from tests.support.simulator import set_faults
+from tests.support.simulator import clear_faults, set_faults
 
 
 def job(**input):
@@ -70,16 +70,25 @@ async def test_output_over_the_cap_fails_with_refund(web, make_owner, db, sim, m
 
 async def test_download_errors_then_success_charge_once(web, make_owner, db, sim, make_settings,
                                                         start_settler):
+    # Every download fails until each job has failed a settle attempt; then
+    # downloads work again and every job must succeed, charged exactly once.
     server = await web(SIM_URL=sim.url)
-    set_faults(sim.url, download_error=0.5)
+    set_faults(sim.url, download_error=1)
     await start_settler(make_settings(SIM_URL=sim.url))
     owner = await make_owner(credits=1000, max_active=20)
     async with server.client(owner.api_key) as c:
         ids = [(await c.post("/v1/jobs", json=job(cost=2))).json()["id"] for _ in range(10)]
-        for job_id in ids:
-            await wait_for_status(db, job_id, ("succeeded", "failed"), timeout=60)
-    assert await db.fetchval("select count(*) from ledger where kind = 'charge'") == \
-        await db.fetchval("select count(*) from jobs where status = 'succeeded'")
+    for job_id in ids:
+        await wait_for_failed_attempt(db, job_id)
+    assert await db.fetchval("select count(*) from ledger where kind = 'charge'") == 0
+    clear_faults(sim.url)
+    # Skip the backoff rather than wait it out; the retry itself is real.
+    await db.execute("update outbox set not_before = now() where kind = 'settle'")
+    await db.execute("select pg_notify('longcall_outbox', '')")
+    for job_id in ids:
+        row = await wait_for_status(db, job_id, ("succeeded", "failed"), timeout=60)
+        assert row["status"] == "succeeded" and row["credits_charged"] == 2, row
+    assert await db.fetchval("select count(*) from ledger where kind = 'charge'") == 10
     await assert_money_balances(db)
 
 
