@@ -27,6 +27,8 @@ from typing import Awaitable, Callable
 
 import httpx
 
+from app.http_transport import AsyncioTransport
+
 CHUNK_BYTES = 1024 * 1024  # writes are batched to this size; memory stays near it
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _HOST_LABELS = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*$")
@@ -289,7 +291,7 @@ async def _download(url: str, policy: DownloadPolicy, file, digest,
                             write=policy.read_timeout_s, pool=policy.connect_timeout_s)
     # trust_env=False: a proxy from the environment would undo the address pinning.
     async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False,
-                                 verify=verify) as client:
+                                 transport=AsyncioTransport(verify=verify)) as client:
         current = _parse_checked(url, policy)
         redirects = 0
         while True:

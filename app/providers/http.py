@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from app.http_transport import AsyncioTransport
 from app.providers.base import ProviderError, Rejected, Transient, Uncertain
 
 _MAX_DETAIL = 200
@@ -37,7 +38,7 @@ def make_client(timeout_s: float, *, keepalive: bool = True) -> httpx.AsyncClien
     limits = httpx.Limits() if keepalive else httpx.Limits(max_keepalive_connections=0)
     return httpx.AsyncClient(
         timeout=httpx.Timeout(connect=min(timeout_s, 10.0), read=timeout_s, write=timeout_s, pool=timeout_s),
-        limits=limits,
+        transport=AsyncioTransport(limits=limits),
         follow_redirects=False,
         # Providers are reached directly; never through an ambient proxy.
         trust_env=False,

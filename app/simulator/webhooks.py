@@ -14,6 +14,7 @@ from typing import Callable, Hashable
 
 import httpx
 
+from app.http_transport import AsyncioTransport
 from app.simulator.faults import WebhookPlan
 from app.simulator.state import Stats
 
@@ -52,7 +53,7 @@ class WebhookSender:
                 follow_redirects=False,
                 trust_env=False,
                 # Few idle connections: httpx checks every idle one per request.
-                limits=httpx.Limits(max_connections=200, max_keepalive_connections=8),
+                transport=AsyncioTransport(limits=httpx.Limits(max_connections=200, max_keepalive_connections=8)),
             )
         return self._client
 
