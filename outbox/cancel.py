@@ -11,9 +11,11 @@ from outbox.context import Context
 from outbox.outcome import DONE, Later, Outcome
 
 
-async def cancel(ctx: Context, job_id: str, attempts: int) -> Outcome:
-    async with ctx.pool.acquire() as conn:
-        job = await jobs.load(conn, job_id)
+async def cancel(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
+    """`job`: the row as the settler loaded it with its claim, or None to load it here."""
+    if job is None:
+        async with ctx.pool.acquire() as conn:
+            job = await jobs.load(conn, job_id)
     if job is None or job["provider_task_id"] is None:
         # No task id saved (yet): a submit still out saves it on return and
         # queues this intent again.

@@ -33,10 +33,12 @@ from outbox.outcome import DONE, Later, Outcome
 log = logging.getLogger("longcall.settler")
 
 
-async def settle(ctx: Context, job_id: str, attempts: int) -> Outcome:
+async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
+    """`job`: the row as the settler loaded it with its claim, or None to load it here."""
     started = time.monotonic()
-    async with ctx.pool.acquire() as conn:
-        job = await jobs.load(conn, job_id)
+    if job is None:
+        async with ctx.pool.acquire() as conn:
+            job = await jobs.load(conn, job_id)
     if job is None or job["status"] in states.TERMINAL:
         return DONE
     if job["status"] in (states.QUEUED, states.SUBMITTING):

@@ -33,6 +33,7 @@ from outbox.roads.sweep import sweep_once
 log = logging.getLogger("longcall.settler")
 
 STEPS = {"submit": submit, "settle": settle, "cancel": cancel}
+LOADS_ITS_JOB = {"submit"}  # its first statement claims the job row and returns it
 CLAIM_BATCH = 64
 SHUTDOWN_GRACE_S = 25.0
 
@@ -142,20 +143,23 @@ class Settler:
                     return
                 asked = min(free, CLAIM_BATCH)
                 batch = await intents.claim(conn, asked, self.lease_s)
+                # Loaded now, not by each step: the steps start at once, so the
+                # rows are as fresh as a load of their own.
+                loaded = await jobs.load_many(conn, [i.job_id for i in batch if i.kind not in LOADS_ITS_JOB])
                 for intent in batch:
-                    task = asyncio.create_task(self._handle(intent))
+                    task = asyncio.create_task(self._handle(intent, loaded.get(intent.job_id)))
                     self.running[intent.id] = (intent, task)
                 if len(batch) < asked:
                     break
             self.next_wake = _epoch(await intents.next_due(conn))
 
-    async def _handle(self, intent: intents.Intent) -> None:
+    async def _handle(self, intent: intents.Intent, job=None) -> None:
         outcome: Outcome
         try:
             if policy.exhausted(intent.kind, intent.attempts):
                 outcome = await self._exhaust(intent)
             else:
-                outcome = await STEPS[intent.kind](self.ctx, intent.job_id, intent.attempts)
+                outcome = await STEPS[intent.kind](self.ctx, intent.job_id, intent.attempts, job)
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -22,7 +22,8 @@ from outbox.outcome import DONE, Later, Outcome
 log = logging.getLogger("longcall.settler")
 
 
-async def submit(ctx: Context, job_id: str, attempts: int) -> Outcome:
+async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
+    # `job` is not used: the claim of the job (queued -> submitting) reads it.
     async with ctx.pool.acquire() as conn:
         job = await jobs.begin_submit(conn, job_id)
     if job is None:  # cancelled, already submitted, or gone: nothing to send

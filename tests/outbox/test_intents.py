@@ -135,3 +135,15 @@ async def test_finish_many_deletes_done_work_and_keeps_what_was_asked_again(db, 
         assert kept == {asked_again.id}
         rows = await conn.fetch("select id, claimed_until from outbox")
         assert [(r["id"], r["claimed_until"]) for r in rows] == [(asked_again.id, None)]
+
+
+async def test_a_claimed_batch_loads_its_jobs_in_one_statement(db, job_ids):
+    async with db.acquire() as conn:
+        for job in job_ids[:3]:
+            await intents.request(conn, job, "settle")
+        batch = await intents.claim(conn, 10, 30)
+        loaded = await jobs.load_many(conn, [i.job_id for i in batch] + ["job_" + "0" * 24])
+        assert sorted(loaded) == sorted(job_ids[:3])  # unknown ids are simply absent
+        for job_id, row in loaded.items():
+            assert dict(row) == dict(await jobs.load(conn, job_id))
+        assert await jobs.load_many(conn, []) == {}
