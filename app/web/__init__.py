@@ -49,8 +49,11 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 
 # The database is restarting or out of reach: a temporary condition, said so.
-DATABASE_DOWN = (OSError, asyncio.TimeoutError, asyncpg.CannotConnectNowError,
-                 asyncpg.InterfaceError, asyncpg.ConnectionFailureError, asyncpg.AdminShutdownError)
+# PostgresConnectionError is SQLSTATE class 08 (among them "connection does not
+# exist": cut in the middle of a statement); OperatorInterventionError is class
+# 57 (admin/crash shutdown, cannot connect now, a cancelled statement).
+DATABASE_DOWN = (OSError, asyncio.TimeoutError, asyncpg.InterfaceError,
+                 asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
