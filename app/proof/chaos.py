@@ -300,6 +300,16 @@ class LoadGenerator:
             task.cancel()
         await self.client.aclose()
 
+    def _expect_unavailable(self, what: str, r: httpx.Response) -> None:
+        """The only server error the API may give is 503 `unavailable` (its
+        database is away); a 500 is a bug, even if a retry then succeeds."""
+        try:
+            code = (r.json().get("error") or {}).get("code")
+        except ValueError:
+            code = None
+        if r.status_code != 503 or code != "unavailable":
+            self.record.unexpected.append(f"{what} answered {r.status_code} {r.text[:200]}")
+
     def _auth(self, plan: JobPlan) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[plan.owner]}"}
 
@@ -317,6 +327,7 @@ class LoadGenerator:
                 break
             if r is not None:  # the web is up but its database may not be
                 self.record.answers[f"create {r.status_code} (retried)"] += 1
+                self._expect_unavailable(f"key {plan.key}: create", r)
             if time.monotonic() > deadline:
                 self.record.unexpected.append(f"key {plan.key}: no answer to its create in 180 s")
                 self.answered += 1
@@ -369,6 +380,7 @@ class LoadGenerator:
                 return
             if r is not None:
                 self.record.answers[f"cancel {r.status_code} (retried)"] += 1
+                self._expect_unavailable(f"{job_id}: cancel", r)
             lost_one = True
             await asyncio.sleep(0.3 + self.rng.random())
         self.record.unexpected.append(f"{job_id}: no answer to its cancel in 120 s")
@@ -395,6 +407,8 @@ class LoadGenerator:
                 elif r.status_code < 500:
                     self.record.unexpected.append(f"{job_id}: read answered {r.status_code} {r.text[:200]}")
                     return
+                else:
+                    self._expect_unavailable(f"{job_id}: read", r)
             await asyncio.sleep(self.rng.uniform(1.0, 3.0))
 
 
