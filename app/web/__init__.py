@@ -52,16 +52,22 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 # PostgresConnectionError is SQLSTATE class 08 (among them "connection does not
 # exist": cut in the middle of a statement); OperatorInterventionError is class
 # 57 (admin/crash shutdown, cannot connect now, a cancelled statement).
-DATABASE_DOWN = (OSError, asyncio.TimeoutError, asyncpg.InterfaceError,
+# asyncpg raises InternalClientError when a connection's protocol state breaks
+# under it — seen when the server shuts down between two statements ("cannot
+# switch to state 12; another operation (2) is in progress").
+DATABASE_DOWN = (OSError, asyncio.TimeoutError, asyncpg.InterfaceError, asyncpg.InternalClientError,
                  asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError)
+
+
+async def _database_away(request: Request, exc: Exception) -> JSONResponse:
+    # Registered per class (not under Exception) so Starlette answers without
+    # re-raising: an expected outage is one warning line, not a traceback.
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return error_response("unavailable", "the database is unavailable; try again shortly", {"Retry-After": "1"})
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Never echo the exception: it may carry anything.
-    if isinstance(exc, DATABASE_DOWN):
-        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
-        return error_response("unavailable", "the database is unavailable; try again shortly",
-                              {"Retry-After": "1"})
     log.error("unhandled error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
     return error_response("internal", "internal error")
 
@@ -108,7 +114,8 @@ def create_app(settings: Settings, *, pool_size: int = 20) -> Starlette:
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected,
+                            **{kind: _database_away for kind in DATABASE_DOWN}},
     )
     app.add_middleware(AccessLog)
     return app

@@ -3,6 +3,7 @@ never a 500, and nothing half-written."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 JOB = {"provider": "sim", "model": "m", "input": {}, "max_credits": 5}
@@ -19,8 +20,19 @@ async def _backend_waiting_on_a_lock(db, timeout: float = 10.0) -> int:
         await asyncio.sleep(0.02)
 
 
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
 async def test_a_connection_lost_in_the_middle_of_a_create_is_503_and_writes_nothing(web, make_owner, db):
-    server = await web()
+    server = await web()  # (uvicorn's logging setup clears this logger's handlers: add ours after)
+    server_errors = Records()  # uvicorn logs here when an exception escapes the app
+    logging.getLogger("uvicorn.error").addHandler(server_errors)
     owner = await make_owner(credits=100)
     async with server.client(owner.api_key) as c, db.acquire() as blocker:
         # Hold the owner row so the create's statement waits inside PostgreSQL;
@@ -35,6 +47,8 @@ async def test_a_connection_lost_in_the_middle_of_a_create_is_503_and_writes_not
         await tx.rollback()
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "unavailable" and r.headers["retry-after"] == "1"
+        logging.getLogger("uvicorn.error").removeHandler(server_errors)
+        assert [x.getMessage() for x in server_errors.records if x.levelno >= logging.ERROR] == []
         assert await db.fetchval("select count(*) from jobs") == 0
         assert await db.fetchval("select balance from owners where id = $1", owner.owner_id) == 100
         # The same request, sent again, is served on a fresh connection.
