@@ -15,6 +15,7 @@ from typing import Sequence
 import asyncpg
 
 from app.config import ConfigError, Settings, load_settings
+from app.proof import BENCH_GROUPS
 
 
 class CommandError(Exception):
@@ -75,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="the benchmarks")
     s.add_argument("--quick", action="store_true", help="tiny windows and data sets: a smoke test")
     s.add_argument("--only", action="append", metavar="ROW",
-                   choices=("ingest", "create", "reads", "drain", "e2e", "idle", "sweep", "rss"),
+                   choices=BENCH_GROUPS,
                    help="run only this row group (repeatable)")
     s.add_argument("--rounds", type=int, default=None, help="rounds per figure (median); default 3, quick 1")
     s.add_argument("--json", dest="json_path", metavar="PATH", help="also write the results as JSON")

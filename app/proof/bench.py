@@ -7,7 +7,7 @@ simulator); HTTP load comes from a separate process (app/proof/bench_load.py).
 Each figure is the median over `--rounds` rounds (3; 1 with `--quick`, which
 also shortens every window and shrinks every data set: a smoke test, not a
 measurement). Rows (`--only`): ingest, create, reads, drain, e2e, idle,
-sweep, rss.
+sweep, rss, http.
 """
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ from typing import Callable
 import httpx
 import psutil
 
-from app.proof import bench_db
+from app.proof import BENCH_GROUPS, bench_db
 from app.proof.bench_baseline import CREATE_TABLE, TABLE as HOOK_TABLE, UPSERT as HOOK_UPSERT
 from app.proof.bench_env import (PROCRASTINATE_ROLE, SETTLER_ROLE, Env, Owner, http_request,
                                  webhook_requests)
 
-GROUPS = ("ingest", "create", "reads", "drain", "e2e", "idle", "sweep", "rss")
+GROUPS = BENCH_GROUPS
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 
 
@@ -56,6 +56,7 @@ class Params:
     latency_task_s: float = 0.2
     concurrency: int = 16  # the settler's default (`longcall settler`)
     sweep_in_flight: int = 100
+    http_requests: int = 4800  # per measurement of the provider HTTP client
 
 
 FULL = Params(rounds=3, duration_s=4.0, warmup_s=1.0, max_rate=8000, drain_intents=20_000,
@@ -63,7 +64,8 @@ FULL = Params(rounds=3, duration_s=4.0, warmup_s=1.0, max_rate=8000, drain_inten
               idle_window_s=30.0, sweep_finished_jobs=1_000_000, rss_bytes=1024**3)
 QUICK = Params(rounds=1, duration_s=0.6, warmup_s=0.2, max_rate=8000, drain_intents=1000,
                procrastinate_tasks=200, e2e_jobs=100, latency_window_s=1.0, idle_sweep_s=0.5,
-               idle_window_s=2.0, sweep_finished_jobs=20_000, rss_bytes=64 * 1024**2, probe_runs=7)
+               idle_window_s=2.0, sweep_finished_jobs=20_000, rss_bytes=64 * 1024**2, probe_runs=7,
+               http_requests=480)
 
 
 # --- results ------------------------------------------------------------------------
@@ -119,6 +121,8 @@ def fmt(value: float | None, unit: str, p50: float | None = None) -> str:
         return f"p50 {p50:.1f} / p99 {main}" if p50 is not None else main
     if unit == "MiB":
         return f"{value:,.1f} MiB"
+    if unit == "µs":
+        return f"{value:,.0f} µs"
     return f"{value:,.0f}{unit}"
 
 
@@ -685,8 +689,39 @@ async def _settle_one(env: Env, client: httpx.AsyncClient, proc, size: int) -> f
     raise RuntimeError(f"the {size}-byte job did not finish")
 
 
+async def bench_http(env: Env, p: Params) -> list[Row]:
+    """The provider HTTP client's CPU per request (lower is better): ours
+    (httpx over asyncio streams, app/http_transport.py) against httpx's
+    default transport (anyio), each in a fresh process, alternating, GETting
+    a simulator task's status as the settle step does."""
+    await env.start("sim")
+    created = httpx.post(f"http://127.0.0.1:{env.port('sim')}/v1/tasks", timeout=10,
+                         json={"model": "bench", "input": {"duration_s": 0}}).json()
+    url = f"http://127.0.0.1:{env.port('sim')}/v1/tasks/{created['id']}"
+    ours, default = Measure("ours"), Measure("httpx default transport (anyio)")
+    ours_rate, default_rate = [], []
+    for r in range(p.rounds):
+        say(f"http round {r + 1}/{p.rounds}")
+        for transport, measure, rates in (("ours", ours, ours_rate), ("httpx", default, default_rate)):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "app.proof.bench_http", transport, url, str(p.http_requests),
+                str(p.concurrency), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(f"bench_http {transport} failed: {err.decode()[-500:]}")
+            result = json.loads(out)
+            measure.values.append(result["cpu_us_per_req"])
+            rates.append(result["per_s"])
+    notes = [f"{p.http_requests:,} GETs per measurement from one client, {p.concurrency} at once (the settler's "
+             f"concurrency), keep-alive, to the simulator on loopback; client process CPU only; requests/s: "
+             f"ours {statistics.median(ours_rate):,.0f}, httpx default {statistics.median(default_rate):,.0f} "
+             "(the simulator's own CPU bounds both)"]
+    return [Row("http", "http", "provider HTTP client, CPU per request", "µs", ours, [default],
+                "(none given; lower is better)", None, notes)]
+
+
 BENCHES = {"ingest": bench_ingest, "create": bench_create, "reads": bench_reads, "drain": bench_drain,
-           "e2e": bench_e2e, "idle": bench_idle, "sweep": bench_sweep, "rss": bench_rss}
+           "e2e": bench_e2e, "idle": bench_idle, "sweep": bench_sweep, "rss": bench_rss, "http": bench_http}
 
 
 async def run(params: Params, groups: list[str], json_path: str | None, quick: bool) -> int:
