@@ -144,8 +144,14 @@ class Settler:
                 asked = min(free, CLAIM_BATCH)
                 batch = await intents.claim(conn, asked, self.lease_s)
                 # Loaded now, not by each step: the steps start at once, so the
-                # rows are as fresh as a load of their own.
-                loaded = await jobs.load_many(conn, [i.job_id for i in batch if i.kind not in LOADS_ITS_JOB])
+                # rows are as fresh as a load of their own. If this load fails,
+                # the steps load their own rows: claimed intents always start
+                # (never left to wait out their lease).
+                try:
+                    loaded = await jobs.load_many(conn, [i.job_id for i in batch if i.kind not in LOADS_ITS_JOB])
+                except Exception as e:
+                    log.warning("could not load a claimed batch's jobs", extra={"error": type(e).__name__})
+                    loaded = {}
                 for intent in batch:
                     task = asyncio.create_task(self._handle(intent, loaded.get(intent.job_id)))
                     self.running[intent.id] = (intent, task)
