@@ -4,71 +4,41 @@ closed while idle. (TLS with SNI is covered in tests/download/test_download_tls.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 
 import httpx
 import pytest
 
 from app.http_transport import AsyncioTransport
+from tests.support.raw_server import serve_raw  # noqa: F401 (a fixture; it reads each first request head)
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
 
-@contextlib.asynccontextmanager
-async def raw_server(handle):
-    """A TCP server on loopback running `handle(reader, writer)` per connection;
-    yields (url, list of connections accepted)."""
-    accepted = []
-
-    async def on_connect(reader, writer):
-        accepted.append(writer)
-        try:
-            await handle(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", accepted
-    finally:
-        server.close()
-        for w in accepted:
-            w.close()
+def client(timeout_s: float = 5.0) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=AsyncioTransport(), trust_env=False, timeout=timeout_s)
 
 
-async def read_request(reader) -> None:
-    await reader.readuntil(b"\r\n\r\n")
-
-
-def client(**timeout) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=AsyncioTransport(), trust_env=False,
-                             timeout=httpx.Timeout(timeout.get("t", 5.0)))
-
-
-async def test_keep_alive_reuses_one_connection():
+async def test_keep_alive_reuses_one_connection(serve_raw):
     async def handle(reader, writer):
         while True:
-            await read_request(reader)
             writer.write(OK)
             await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")  # the next request
 
-    async with raw_server(handle) as (url, accepted), client() as c:
+    raw = await serve_raw(handle)
+    async with client() as c:
         for _ in range(5):
-            r = await c.get(url)
+            r = await c.get(raw.url)
             assert (r.status_code, r.text) == (200, "ok")
-        assert len(accepted) == 1
+    assert len(raw.writers) == 1
 
 
 @pytest.mark.parametrize("how", ["close", "reset"])
-async def test_a_connection_the_server_dropped_while_idle_is_not_reused(how):
+async def test_a_connection_the_server_dropped_while_idle_is_not_reused(serve_raw, how):
     # If it were reused, the request would fail after being written: for a
     # submit, an Uncertain outcome instead of a clean new connection.
     async def handle(reader, writer):
-        await read_request(reader)
         writer.write(OK)
         await writer.drain()
         if how == "reset":
@@ -76,11 +46,12 @@ async def test_a_connection_the_server_dropped_while_idle_is_not_reused(how):
                                                        b"\x01\x00\x00\x00\x00\x00\x00\x00")
         writer.close()
 
-    async with raw_server(handle) as (url, accepted), client() as c:
-        assert (await c.get(url)).status_code == 200
+    raw = await serve_raw(handle)
+    async with client() as c:
+        assert (await c.get(raw.url)).status_code == 200
         await asyncio.sleep(0.2)  # the close reaches the client's event loop
-        assert (await c.get(url)).status_code == 200
-        assert len(accepted) == 2
+        assert (await c.get(raw.url)).status_code == 200
+    assert len(raw.writers) == 2
 
 
 async def test_connection_refused_is_a_connect_error():
@@ -93,36 +64,37 @@ async def test_connection_refused_is_a_connect_error():
             await c.get(f"http://127.0.0.1:{port}/")
 
 
-async def test_a_server_that_never_answers_is_a_read_timeout():
+async def test_a_server_that_never_answers_is_a_read_timeout(serve_raw):
     async def handle(reader, writer):
-        await read_request(reader)
         await asyncio.sleep(5)
 
-    async with raw_server(handle) as (url, _), client(t=0.3) as c:
+    raw = await serve_raw(handle)
+    async with client(timeout_s=0.3) as c:
         with pytest.raises(httpx.ReadTimeout):
-            await c.get(url)
+            await c.get(raw.url)
 
 
-async def test_a_connection_closed_before_the_answer_is_not_a_connect_error():
+async def test_a_connection_closed_before_the_answer_is_not_a_connect_error(serve_raw):
     # The request was sent: the provider layer must not read this as "not created".
     async def handle(reader, writer):
-        await read_request(reader)
+        return  # the fixture closes the connection
 
-    async with raw_server(handle) as (url, _), client() as c:
+    raw = await serve_raw(handle)
+    async with client() as c:
         with pytest.raises(httpx.HTTPError) as caught:
-            await c.post(url, content=b"{}")
+            await c.post(raw.url, content=b"{}")
         assert not isinstance(caught.value, (httpx.ConnectError, httpx.ConnectTimeout))
 
 
-async def test_streamed_body_arrives_whole():
+async def test_streamed_body_arrives_whole(serve_raw):
     body = bytes(range(256)) * 4096  # 1 MiB
 
     async def handle(reader, writer):
-        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
         await writer.drain()
 
-    async with raw_server(handle) as (url, _), client() as c:
-        async with c.stream("GET", url) as r:
+    raw = await serve_raw(handle)
+    async with client() as c:
+        async with c.stream("GET", raw.url) as r:
             got = b"".join([chunk async for chunk in r.aiter_raw()])
     assert got == body

@@ -1,7 +1,7 @@
 """Real HTTP servers on 127.0.0.1 for the download tests, and a memory sampler.
 
 `start_app` runs an ASGI app under uvicorn in the test's event loop; the raw
-servers (conftest's `serve_raw`) write whatever bytes a test needs (lying
+servers (`serve_raw`, tests/support/raw_server.py) write whatever bytes a test needs (lying
 headers, stalls). Both count the requests they receive, so a test can prove
 a refused URL was never fetched.
 """
@@ -12,7 +12,6 @@ import contextlib
 import os
 import socket
 import threading
-from typing import Awaitable, Callable
 
 import uvicorn
 
@@ -28,13 +27,6 @@ class RunningApp:
     def __init__(self, url: str, port: int, server: uvicorn.Server, task: asyncio.Task):
         self.url, self.port, self.server, self.task = url, port, server, task
         self.requests = 0
-
-
-class RawServer:
-    def __init__(self, url: str, port: int, server: asyncio.AbstractServer):
-        self.url, self.port, self.server = url, port, server
-        self.requests = 0
-        self.writers: list[asyncio.StreamWriter] = []
 
 
 async def start_app(app, **config) -> RunningApp:
@@ -65,9 +57,6 @@ async def start_app(app, **config) -> RunningApp:
 async def stop_app(app: RunningApp) -> None:
     app.server.should_exit = True
     await app.task
-
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 class PeakRss:
