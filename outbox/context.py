@@ -31,7 +31,7 @@ class Context:
 
     @classmethod
     async def open(cls, settings: Settings, *, pool_size: int = 10,
-                   provider_timeout_s: float | None = None) -> "Context":
+                   provider_timeout_s: float | None = None) -> Context:
         pool = await db.create_pool(settings.database_url, role="settler", min_size=1, max_size=pool_size)
         _remove_orphaned_download_dirs()
         download_dir = os.path.join(tempfile.gettempdir(), f"{DOWNLOAD_DIR_PREFIX}{os.getpid()}")

@@ -21,14 +21,14 @@ import os
 import time
 
 from app.domain import jobs, states
-from app.metrics import DOWNLOAD_BYTES, SETTLE_SECONDS
 from app.download import DownloadError, OutputTooLarge, Refused, download_to_file
+from app.metrics import DOWNLOAD_BYTES, SETTLE_SECONDS
 from app.providers.base import Observation, ProviderError, Task, TaskState
 from app.storage import object_key
 from outbox import policy
-from outbox.roads import timers
 from outbox.context import Context
 from outbox.outcome import DONE, Later, Outcome
+from outbox.roads import timers
 
 log = logging.getLogger("longcall.settler")
 
@@ -45,7 +45,7 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
         # A webhook can beat the saved task id: ask again in a moment.
         return Later(policy.NOT_YET_SUBMITTED_RETRY_S, failed=False, reason="not submitted yet")
     provider = ctx.providers[job["provider"]]
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     if job["status"] == states.UNCERTAIN:
         # No task to ask about; only the deadline (or an operator) closes it.
         if job["deadline_at"] <= now:

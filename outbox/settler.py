@@ -26,9 +26,9 @@ from outbox import intents, policy
 from outbox.cancel import cancel
 from outbox.context import Context
 from outbox.outcome import Done, Later, Outcome
+from outbox.roads.sweep import sweep_once
 from outbox.settle import settle
 from outbox.submit import submit
-from outbox.roads.sweep import sweep_once
 
 log = logging.getLogger("longcall.settler")
 

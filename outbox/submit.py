@@ -15,9 +15,9 @@ import logging
 from app.domain import jobs, states
 from app.providers.base import Rejected, SubmitRequest, Submitted, Transient, Uncertain
 from outbox import policy
-from outbox.roads import timers
 from outbox.context import Context
 from outbox.outcome import DONE, Later, Outcome
+from outbox.roads import timers
 
 log = logging.getLogger("longcall.settler")
 
@@ -29,7 +29,7 @@ async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     if job is None:  # cancelled, already submitted, or gone: nothing to send
         return DONE
     provider = ctx.providers[job["provider"]]
-    if job["deadline_at"] <= dt.datetime.now(dt.timezone.utc):
+    if job["deadline_at"] <= dt.datetime.now(dt.UTC):
         async with ctx.pool.acquire() as conn:
             closed = await jobs.close(conn, job_id, states.EXPIRED, error_code=states.GIVE_UP,
                                       error_message="the give-up deadline passed before the job was submitted",
@@ -101,7 +101,7 @@ async def _save(ctx: Context, job, provider, request: SubmitRequest, submitted: 
             # long ago, its webhook refused while we had no task id: look now.
             first_check_after_s=0.0 if job["was_in_doubt"] else timers.first_check_delay(
                 provider.facts, callback_registered=registered,
-                seconds_to_deadline=(job["deadline_at"] - dt.datetime.now(dt.timezone.utc)).total_seconds()))
+                seconds_to_deadline=(job["deadline_at"] - dt.datetime.now(dt.UTC)).total_seconds()))
     if result == "closed":
         log.info("task saved on a closed job; provider cancel queued",
                  extra={"job_id": job_id, "provider": provider.name})

@@ -20,16 +20,17 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import httpx
 import psutil
 
 from app.proof import BENCH_GROUPS, bench_db
-from app.proof.bench_baseline import CREATE_TABLE, TABLE as HOOK_TABLE, UPSERT as HOOK_UPSERT
-from app.proof.bench_env import (PROCRASTINATE_ROLE, SETTLER_ROLE, Env, Owner, http_request,
-                                 webhook_requests)
+from app.proof.bench_baseline import CREATE_TABLE
+from app.proof.bench_baseline import TABLE as HOOK_TABLE
+from app.proof.bench_baseline import UPSERT as HOOK_UPSERT
+from app.proof.bench_env import PROCRASTINATE_ROLE, SETTLER_ROLE, Env, Owner, http_request, webhook_requests
 
 GROUPS = BENCH_GROUPS
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -94,7 +95,7 @@ class Row:
     ours: Measure
     baselines: list[Measure]
     target: str
-    meets: Callable[["Row"], bool] | None = None
+    meets: Callable[[Row], bool] | None = None
     notes: list[str] = field(default_factory=list)
     others: list[float] = field(default_factory=list)  # per round: machine CPU share not ours (other tenants)
 
@@ -159,7 +160,7 @@ def machine_info() -> str:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return (f"machine: {os.cpu_count()} CPUs ({model}), {psutil.virtual_memory().total / 1024**3:.0f} GiB, "
             f"Python {platform.python_version()}, load average {load}\n"
-            f"date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
+            f"date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}")
 
 
 def cpu_note(result: dict, unit: str = "req") -> str:

@@ -278,7 +278,7 @@ class Env:
         """n jobs written directly, money consistent with their status
         (reserve 1 credit each; terminal ones refunded, succeeded charged),
         optionally with an open intent and one asset row."""
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         job_ids = [ids.new_job_id() for _ in range(n)]
         terminal = status in ("succeeded", "failed", "cancelled", "expired")
         charged = 1 if status == "succeeded" else 0

@@ -27,9 +27,8 @@ import resource
 import struct
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Sequence
-
 
 # --- pure summaries -------------------------------------------------------------
 

@@ -20,7 +20,8 @@ import json
 import os
 import re
 from collections import Counter
-from typing import Any, Iterable, Mapping, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 from app.domain import states
 from app.simulator.outputs import output_sha256
@@ -406,7 +407,7 @@ def secrets_not_logged(log_paths: Iterable[str], secrets: Mapping[str, str]) -> 
     needles = {name: value[-16:] for name, value in secrets.items() if len(value) >= 32}
     violations, lines = [], 0
     for path in log_paths:
-        with open(path, "r", errors="replace") as f:
+        with open(path, errors="replace") as f:
             for number, line in enumerate(f, 1):
                 lines += 1
                 for name, needle in needles.items():

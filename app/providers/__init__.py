@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 KNOWN_PROVIDERS = ("sim", "replicate", "fal", "kie")
 
 
-def build_providers(settings: "Settings", *, timeout_s: float = 30.0) -> dict[str, Provider]:
+def build_providers(settings: Settings, *, timeout_s: float = 30.0) -> dict[str, Provider]:
     """One adapter per known provider, each with its own HTTP client (close
     them with `close_providers`)."""
     # Imported here so that importing `app.providers.base` stays light.

@@ -8,8 +8,9 @@ settler can decide without knowing which provider it is talking to.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 
 class ProviderError(Exception):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -21,8 +22,8 @@ from app.providers.base import (
     Provider,
     ProviderFacts,
     Rejected,
-    Submitted,
     SubmitRequest,
+    Submitted,
     Task,
     TaskState,
     Transient,

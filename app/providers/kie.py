@@ -9,7 +9,8 @@ endpoint.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import urlencode
 
 import httpx
@@ -19,8 +20,8 @@ from app.providers.base import (
     Provider,
     ProviderFacts,
     Rejected,
-    Submitted,
     SubmitRequest,
+    Submitted,
     Task,
     TaskState,
     Transient,

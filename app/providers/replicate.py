@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -21,8 +21,8 @@ from app.providers.base import (
     Provider,
     ProviderFacts,
     Rejected,
-    Submitted,
     SubmitRequest,
+    Submitted,
     Task,
     TaskState,
     Transient,
@@ -101,7 +101,7 @@ def _parse_time(value: Any) -> datetime | None:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 class ReplicateProvider(Provider):
@@ -189,7 +189,7 @@ class ReplicateProvider(Provider):
         if not request.callback_url:
             return None
         url: str | None = f"{self.base_url}/v1/predictions"
-        oldest_wanted = datetime.now(timezone.utc) - self._find_max_age
+        oldest_wanted = datetime.now(UTC) - self._find_max_age
         for _ in range(self._find_max_pages):
             if url is None:
                 break

@@ -27,7 +27,8 @@ import hmac
 import math
 import re
 import struct
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF

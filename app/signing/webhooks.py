@@ -21,7 +21,8 @@ import hashlib
 import hmac
 import math
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -197,7 +198,7 @@ def sign_standard_webhooks(secret: str, msg_id: str, t: int, raw_body: bytes) ->
     if key is None:
         raise ValueError("invalid Standard Webhooks secret")
     t = int(t)
-    digest = _hmac_sha256(key, f"{msg_id}.{t}.".encode("utf-8"), bytes(raw_body))
+    digest = _hmac_sha256(key, f"{msg_id}.{t}.".encode(), bytes(raw_body))
     return "v1," + base64.b64encode(digest).decode("ascii")
 
 
@@ -231,7 +232,7 @@ def _verify_standard(headers: Any, raw_body: Any, secret: Any, now: Any, toleran
     entries = signature.split()
     if not entries or len(entries) > _MAX_SIGNATURES:
         return False
-    expected = _hmac_sha256(key, f"{msg_id}.{timestamp}.".encode("utf-8"), bytes(raw_body))
+    expected = _hmac_sha256(key, f"{msg_id}.{timestamp}.".encode(), bytes(raw_body))
     ok = False
     for entry in entries:
         version, sep, value = entry.partition(",")

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 # Upper bounds keep a typo from scheduling a task for a century or promising
 # a petabyte; they are far above anything a test or benchmark needs.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -26,7 +26,7 @@ _BLOCKS_PER_CHUNK = 16  # 1 MiB per yielded chunk: few, large writes to the sock
 
 @functools.lru_cache(maxsize=256)
 def _base_block(task_id: str, index: int) -> bytes:
-    seed = f"longcall-sim|{task_id}|{index}".encode("utf-8")
+    seed = f"longcall-sim|{task_id}|{index}".encode()
     return hashlib.shake_256(seed).digest(BLOCK)
 
 

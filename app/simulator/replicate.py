@@ -13,7 +13,7 @@ import bisect
 import hashlib
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -55,7 +55,7 @@ def _not_found() -> JSONResponse:
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _prediction_id() -> str:
@@ -64,7 +64,7 @@ def _prediction_id() -> str:
 
 
 def _fake_version(model: str) -> str:
-    return hashlib.sha256(f"replicate-sim|{model}".encode("utf-8")).hexdigest()
+    return hashlib.sha256(f"replicate-sim|{model}".encode()).hexdigest()
 
 
 def prediction_view(task: Task, now: float) -> dict[str, Any]:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import AsyncIterator, NoReturn
+from collections.abc import AsyncIterator
+from typing import NoReturn
 
 import uvicorn
 from starlette.applications import Starlette

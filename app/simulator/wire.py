@@ -105,7 +105,7 @@ class HoldThenDrop(Response):
         try:
             await asyncio.wait_for(_client_gone(receive), self.hold_s)
             return  # the client went away: nobody to answer
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         # Promise a body and fail before sending it: the server closes the
         # connection, which the client sees as a dropped response.

@@ -7,7 +7,6 @@ import contextlib
 import logging
 
 import asyncpg
-
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request

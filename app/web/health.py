@@ -4,12 +4,12 @@ from __future__ import annotations
 import asyncio
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from app.metrics import collect_gauges
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.routing import Route
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from app.metrics import collect_gauges
 
 
 async def healthz(request: Request) -> Response:

@@ -133,7 +133,7 @@ async def read_job(request: Request) -> Response:
 
 async def _maybe_recheck(request: Request, row) -> None:
     settings = request.app.state.settings
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     if read_road.wants_recheck(row["status"], row["created_at"], row["recheck_requested_at"], now,
                                settings.read_recheck_after_s):
         await read_road.ask_for_settle(request.app.state.pool, row["id"], settings.read_recheck_after_s)

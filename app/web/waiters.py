@@ -26,7 +26,7 @@ class _Watch:
         try:
             await asyncio.wait_for(self.event.wait(), timeout_s)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
 

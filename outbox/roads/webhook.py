@@ -6,7 +6,7 @@ body is never parsed for state: the settle step re-asks the provider.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from app.domain import states
 from app.providers.base import Provider, WebhookRequest

@@ -80,7 +80,7 @@ class PeakRss:
         while not self._stop.wait(self.every_s):
             self.peak = max(self.peak, self.current())
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         self.baseline = self.peak = self.current()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()

@@ -9,12 +9,11 @@ import socket
 import time
 
 import pytest
+from download_servers import start_app, stop_app
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
-
-from download_servers import start_app, stop_app
 
 from app.download import (
     DownloadError,

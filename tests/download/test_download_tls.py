@@ -31,7 +31,7 @@ def _name(common_name: str) -> x509.Name:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     """A throwaway CA and a server certificate for files.test signed by it."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (x509.CertificateBuilder().subject_name(_name("test ca")).issuer_name(_name("test ca"))
           .public_key(ca_key.public_key()).serial_number(1)

@@ -166,6 +166,7 @@ async def test_cancel_races_the_settle_step(web, make_owner, db, sim, make_setti
     cancelled (fully refunded) or succeeded (charged) — never both, never
     half."""
     import asyncio
+
     from outbox.context import Context
     from outbox.settle import settle
 

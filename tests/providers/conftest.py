@@ -4,8 +4,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from starlette.applications import Starlette

@@ -6,19 +6,20 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from support.simulator import RunningSimulator, clear_faults, set_faults, stats
 
 from app.providers.base import (
     Observation,
     Provider,
     Rejected,
-    Submitted,
     SubmitRequest,
+    Submitted,
     Task,
     TaskState,
     Transient,
@@ -29,7 +30,6 @@ from app.providers.fal import FalProvider
 from app.providers.kie import KieProvider
 from app.providers.replicate import ReplicateProvider
 from app.providers.sim import SimProvider
-from support.simulator import RunningSimulator, clear_faults, set_faults, stats
 
 SUBMIT_TIMEOUT_S = 1.5
 SERVER_KEYS = (b"suite-server-key-0123456789abcdef",)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from starlette.responses import JSONResponse
@@ -17,7 +17,6 @@ from app.providers.kie import KieProvider
 from app.providers.replicate import ReplicateProvider
 from app.signing.tokens import make_capability_token
 from app.signing.webhooks import jwk_for, sign_fal, sign_standard_webhooks
-
 
 JOB = "job_" + "b" * 24
 BODY = json.dumps({"id": "p1", "status": "succeeded"}).encode()
@@ -157,7 +156,7 @@ async def test_kie_token_is_bound_to_provider_and_job(script):
 
 
 def prediction(pid: str, webhook: str | None, age_s: float) -> dict:
-    created = datetime.now(timezone.utc) - timedelta(seconds=age_s)
+    created = datetime.now(UTC) - timedelta(seconds=age_s)
     return {"id": pid, "status": "processing", "webhook": webhook,
             "created_at": created.isoformat().replace("+00:00", "Z")}
 

@@ -3,7 +3,7 @@ routing, KIE body codes, message scrubbing. No I/O."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
@@ -240,7 +240,7 @@ def test_scrub_masks_secrets_and_query_strings():
 def test_retry_after_seconds_and_dates():
     assert retry_after_seconds("7") == 7.0
     assert retry_after_seconds(None) is None and retry_after_seconds("soon") is None
-    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2030, 1, 1, tzinfo=UTC)
     assert retry_after_seconds(format_datetime(now + timedelta(seconds=30), usegmt=True), now) == 30.0
     assert retry_after_seconds("-5") == 0.0
 

@@ -88,7 +88,7 @@ async def test_reads_close_a_job_whose_next_check_is_far_away(web, make_settings
         await db.execute("update outbox set not_before = now() + interval '1 hour' where job_id = $1", job_id)
         await settlers(settings)
         await wait_until(lambda: _done_at_sim(sim.url, row["provider_task_id"]))
-        started = dt.datetime.now(dt.timezone.utc)
+        started = dt.datetime.now(dt.UTC)
         status = None
         for _ in range(50):
             status = (await c.get(f"/v1/jobs/{job_id}")).json()["status"]
@@ -107,7 +107,7 @@ async def _done_at_sim(sim_url: str, task_id: str) -> bool:
 
 
 def test_wants_recheck_is_a_pure_threshold_and_rate_limit():
-    now = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+    now = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
     s = dt.timedelta(seconds=1)
     assert not read_road.wants_recheck("running", now - 10 * s, None, now, 15)
     assert read_road.wants_recheck("running", now - 16 * s, None, now, 15)

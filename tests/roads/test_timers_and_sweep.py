@@ -9,8 +9,8 @@ import asyncpg
 
 from app import db as app_db
 from outbox.context import Context
-from outbox.settler import Settler
 from outbox.roads.sweep import sweep_once
+from outbox.settler import Settler
 from tests.roads.conftest import (
     assert_money_balances,
     longcall,

@@ -22,11 +22,11 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from app.config import load_settings
+from app.domain import owners
 from app.signing.tokens import make_capability_token
 from app.signing.webhooks import sign_fal, sign_standard_webhooks
 from app.web.body import MAX_BODY
-from app.config import load_settings
-from app.domain import owners
 from outbox.context import Context
 from outbox.settler import Settler
 from tests.conftest import TABLES, serve_app

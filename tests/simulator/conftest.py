@@ -2,7 +2,7 @@
 directory; every test starts from a reset simulator and an empty receiver."""
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest

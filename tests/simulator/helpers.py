@@ -5,8 +5,9 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request

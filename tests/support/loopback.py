@@ -22,7 +22,7 @@ class LoopbackServer:
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
-    def start(self) -> "LoopbackServer":
+    def start(self) -> LoopbackServer:
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:

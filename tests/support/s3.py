@@ -35,7 +35,7 @@ class RunningS3:
         self._saved_env: dict[str, str | None] = {}
         self.endpoint_url = ""
 
-    def start(self) -> "RunningS3":
+    def start(self) -> RunningS3:
         # Port 0: the OS picks a free port, read back once it is bound (no race).
         # werkzeug logs every request at INFO on stderr; only problems are worth reading.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
@@ -75,7 +75,7 @@ class RunningS3:
         """Forget every bucket and object (moto's own reset endpoint)."""
         httpx.post(f"{self.endpoint_url}/moto-api/reset", timeout=10).raise_for_status()
 
-    def __enter__(self) -> "RunningS3":
+    def __enter__(self) -> RunningS3:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

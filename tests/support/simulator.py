@@ -43,7 +43,7 @@ class RunningSimulator:
             raise RuntimeError("the simulator is not running")
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "RunningSimulator":
+    def start(self) -> RunningSimulator:
         if self._proc is not None:
             return self
         # The port is picked, released, then bound by the child: another
@@ -105,7 +105,7 @@ class RunningSimulator:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> "RunningSimulator":
+    def __enter__(self) -> RunningSimulator:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
