@@ -25,6 +25,7 @@ from app.download import DownloadError, OutputTooLarge, Refused, download_to_fil
 from app.metrics import DOWNLOAD_BYTES, SETTLE_SECONDS
 from app.providers.base import Observation, ProviderError, Task, TaskState
 from app.storage import object_key
+from app.vocabulary import TERMINAL, JobError, JobStatus
 from outbox import policy
 from outbox.context import Context
 from outbox.outcome import DONE, Later, Outcome
@@ -39,21 +40,21 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     if job is None:
         async with ctx.pool.acquire() as conn:
             job = await jobs.load(conn, job_id)
-    if job is None or job["status"] in states.TERMINAL:
+    if job is None or job["status"] in TERMINAL:
         return DONE
-    if job["status"] in (states.QUEUED, states.SUBMITTING):
+    if job["status"] in (JobStatus.QUEUED, JobStatus.SUBMITTING):
         # A webhook can beat the saved task id: ask again in a moment.
         return Later(policy.NOT_YET_SUBMITTED_RETRY_S, failed=False, reason="not submitted yet")
     provider = ctx.providers[job["provider"]]
     now = dt.datetime.now(dt.UTC)
-    if job["status"] == states.UNCERTAIN:
+    if job["status"] == JobStatus.UNCERTAIN:
         # No task to ask about; only the deadline (or an operator) closes it.
         if job["deadline_at"] <= now:
-            return await _close(ctx, job, states.EXPIRED, error_code=states.GIVE_UP,
+            return await _close(ctx, job, JobStatus.EXPIRED, error_code=JobError.GIVE_UP,
                                 error_message="gave up on an uncertain submit", cancel=True)
         return DONE
     if job["deadline_at"] <= now:
-        return await _close(ctx, job, states.EXPIRED, error_code=states.GIVE_UP,
+        return await _close(ctx, job, JobStatus.EXPIRED, error_code=JobError.GIVE_UP,
                             error_message="the provider did not finish before the give-up deadline",
                             cancel=True)
 
@@ -71,7 +72,7 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
                                         seconds_to_deadline=(job["deadline_at"] - now).total_seconds())
         return Later(delay, failed=False, reason="still running")
     if seen.state in (TaskState.FAILED, TaskState.CANCELLED):
-        outcome = await _close(ctx, job, states.FAILED, error_code=states.PROVIDER_FAILED,
+        outcome = await _close(ctx, job, JobStatus.FAILED, error_code=JobError.PROVIDER_FAILED,
                                error_message=seen.error or f"the provider reports the task {seen.state.value}")
     else:
         outcome = await _succeed(ctx, job, provider, seen, attempts)
@@ -88,11 +89,11 @@ async def _succeed(ctx: Context, job, provider, seen: Observation, attempts: int
             try:
                 got = await download_to_file(url, policy_, ctx.download_dir)
             except OutputTooLarge as e:
-                return await _close(ctx, job, states.FAILED, error_code=states.OUTPUT_TOO_LARGE,
+                return await _close(ctx, job, JobStatus.FAILED, error_code=JobError.OUTPUT_TOO_LARGE,
                                     error_message=str(e))
             except Refused as e:
                 # Policy, not luck: asking again can never succeed.
-                return await _close(ctx, job, states.FAILED, error_code=states.OUTPUT_REFUSED,
+                return await _close(ctx, job, JobStatus.FAILED, error_code=JobError.OUTPUT_REFUSED,
                                     error_message=str(e))
             except DownloadError as e:
                 return Later(policy.backoff(attempts), failed=True, reason=f"download {index}: {e}")
@@ -115,9 +116,9 @@ async def _succeed(ctx: Context, job, provider, seen: Observation, attempts: int
                 pass
     charge = states.charge_for(job["credits_reserved"], seen.cost)
     async with ctx.pool.acquire() as conn:
-        closed = await jobs.close(conn, job_id, states.SUCCEEDED, charge=charge, assets=assets)
+        closed = await jobs.close(conn, job_id, JobStatus.SUCCEEDED, charge=charge, assets=assets)
     if closed is not None:
-        ctx.metrics.job_finished(provider.name, states.SUCCEEDED, closed)
+        ctx.metrics.job_finished(provider.name, JobStatus.SUCCEEDED, closed)
         log.info("job succeeded", extra={"job_id": job_id, "owner": owner_id, "provider": provider.name,
                                          "charged": closed.charged, "outputs": len(assets)})
     return DONE

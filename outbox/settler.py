@@ -20,8 +20,9 @@ import time
 
 from app.config import Settings
 from app.db import OUTBOX_CHANNEL, connect
-from app.domain import jobs, states
+from app.domain import jobs
 from app.metrics import INTENTS
+from app.vocabulary import JobError, JobStatus
 from outbox import intents, policy
 from outbox.cancel import cancel
 from outbox.context import Context
@@ -225,12 +226,12 @@ class Settler:
             return Done()
         async with self.ctx.pool.acquire() as conn:
             job = await jobs.load(conn, intent.job_id)
-            closed = await jobs.close(conn, intent.job_id, states.FAILED, error_code=states.SETTLE_EXHAUSTED,
+            closed = await jobs.close(conn, intent.job_id, JobStatus.FAILED, error_code=JobError.SETTLE_EXHAUSTED,
                                       error_message=(f"gave up after {intent.attempts - 1} failed {intent.kind} "
                                                      f"attempts: {(job['last_error'] if job else None) or 'errors'}"),
                                       cancel_at_provider=True)
         if closed is not None and job is not None:
-            self.ctx.metrics.job_finished(job["provider"], states.FAILED, closed)
+            self.ctx.metrics.job_finished(job["provider"], JobStatus.FAILED, closed)
         log.warning("intent exhausted", extra={"job_id": intent.job_id, "intent": intent.kind})
         return Done()
 

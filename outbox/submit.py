@@ -12,8 +12,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from app.domain import jobs, states
+from app.domain import jobs
 from app.providers.base import Rejected, SubmitRequest, Submitted, Transient, Uncertain
+from app.vocabulary import JobError, JobStatus
 from outbox import policy
 from outbox.context import Context
 from outbox.outcome import DONE, Later, Outcome
@@ -31,10 +32,10 @@ async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     provider = ctx.providers[job["provider"]]
     if job["deadline_at"] <= dt.datetime.now(dt.UTC):
         async with ctx.pool.acquire() as conn:
-            closed = await jobs.close(conn, job_id, states.EXPIRED, error_code=states.GIVE_UP,
+            closed = await jobs.close(conn, job_id, JobStatus.EXPIRED, error_code=JobError.GIVE_UP,
                                       error_message="the give-up deadline passed before the job was submitted",
                                       cancel_at_provider=True)
-        ctx.metrics.job_finished(provider.name, states.EXPIRED, closed)
+        ctx.metrics.job_finished(provider.name, JobStatus.EXPIRED, closed)
         return DONE
     request = SubmitRequest(job_id=job_id, model=job["model"], input=job["input"],
                             callback_url=ctx.settings.callback_url(provider.name, job_id))
@@ -49,9 +50,9 @@ async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     except Rejected as e:
         ctx.metrics.provider_call(provider.name, "submit", "rejected")
         async with ctx.pool.acquire() as conn:
-            closed = await jobs.close(conn, job_id, states.FAILED, error_code=states.SUBMIT_REJECTED,
+            closed = await jobs.close(conn, job_id, JobStatus.FAILED, error_code=JobError.SUBMIT_REJECTED,
                                       error_message=str(e))
-        ctx.metrics.job_finished(provider.name, states.FAILED, closed)
+        ctx.metrics.job_finished(provider.name, JobStatus.FAILED, closed)
         return DONE
     except Transient as e:
         ctx.metrics.provider_call(provider.name, "submit", "transient")

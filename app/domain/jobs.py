@@ -21,6 +21,7 @@ import asyncpg
 from app import ids
 from app.db import JOBS_CHANNEL, OUTBOX_CHANNEL
 from app.domain import states
+from app.vocabulary import JobStatus
 
 
 class InsufficientCredits(Exception):
@@ -256,7 +257,7 @@ async def close(conn, job_id: str, status: str, *, charge: int = 0, error_code: 
     transition may start from (someone else closed it first)."""
     if status not in states.CLOSE_FROM:
         raise ValueError(f"not a terminal status: {status}")
-    if status != states.SUCCEEDED and charge:
+    if status != JobStatus.SUCCEEDED and charge:
         raise ValueError("only a succeeded job is charged")
     if error_message is not None:
         error_message = error_message[:1000]
@@ -340,7 +341,7 @@ async def begin_submit(conn, job_id: str) -> asyncpg.Record | None:
 
 async def save_task(conn, job_id: str, *, task_id: str, operation: Any, webhook_secret: bytes | None,
                     callback_registered: bool, first_check_after_s: float,
-                    from_statuses: Sequence[str] = (states.SUBMITTING,)) -> str:
+                    from_statuses: Sequence[str] = (JobStatus.SUBMITTING,)) -> str:
     """Returns 'running', 'closed' (saved on a closed job, provider cancel
     queued) or 'lost' (the job is in no state to take it)."""
     row = await conn.fetchrow(SAVE_TASK, job_id, task_id, operation, webhook_secret,

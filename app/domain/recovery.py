@@ -3,7 +3,8 @@ not be looked up. An operator attaches the task found by hand (the job runs
 and settles normally) or declares it failed (refund)."""
 from __future__ import annotations
 
-from app.domain import jobs, states
+from app.domain import jobs
+from app.vocabulary import JobError, JobStatus
 
 
 class InvalidState(Exception):
@@ -21,19 +22,19 @@ async def resolve_with_task(conn, job_id: str, task_id: str, first_check_after_s
         status = await conn.fetchval("select status from jobs where id = $1 for update", job_id)
         if status is None:
             raise LookupError(job_id)
-        if status != states.UNCERTAIN:
+        if status != JobStatus.UNCERTAIN:
             raise InvalidState(status)
         result = await jobs.save_task(conn, job_id, task_id=task_id, operation=None, webhook_secret=None,
                                       callback_registered=False, first_check_after_s=first_check_after_s,
-                                      from_statuses=(states.UNCERTAIN,))
+                                      from_statuses=(JobStatus.UNCERTAIN,))
     if result != "running":
         raise InvalidState(await _status(conn, job_id))
 
 
 async def resolve_failed(conn, job_id: str) -> jobs.Closed:
-    closed = await jobs.close(conn, job_id, states.FAILED, error_code=states.RESOLVED_FAILED,
+    closed = await jobs.close(conn, job_id, JobStatus.FAILED, error_code=JobError.RESOLVED_FAILED,
                               error_message="resolved as failed by an operator",
-                              from_statuses=(states.UNCERTAIN,))
+                              from_statuses=(JobStatus.UNCERTAIN,))
     if closed is None:
         raise InvalidState(await _status(conn, job_id))
     return closed

@@ -1,30 +1,17 @@
-"""Job states and the pure rules about them (no I/O)."""
+"""The pure rules about job states (no I/O). The words themselves are in
+app/vocabulary.py."""
 from __future__ import annotations
 
-QUEUED, SUBMITTING, RUNNING, UNCERTAIN = "queued", "submitting", "running", "uncertain"
-SUCCEEDED, FAILED, CANCELLED, EXPIRED = "succeeded", "failed", "cancelled", "expired"
-
-IN_FLIGHT = (QUEUED, SUBMITTING, RUNNING, UNCERTAIN)
-TERMINAL = (SUCCEEDED, FAILED, CANCELLED, EXPIRED)
-ALL = IN_FLIGHT + TERMINAL
+from app.vocabulary import IN_FLIGHT, JobStatus
 
 # Which states each terminal transition may start from (the compare-and-set
 # guard of its one UPDATE). Anything else loses the race and changes nothing.
-CLOSE_FROM = {
-    SUCCEEDED: (RUNNING, UNCERTAIN),
-    FAILED: IN_FLIGHT,
-    EXPIRED: IN_FLIGHT,
-    CANCELLED: IN_FLIGHT,
+CLOSE_FROM: dict[JobStatus, tuple[JobStatus, ...]] = {
+    JobStatus.SUCCEEDED: (JobStatus.RUNNING, JobStatus.UNCERTAIN),
+    JobStatus.FAILED: IN_FLIGHT,
+    JobStatus.EXPIRED: IN_FLIGHT,
+    JobStatus.CANCELLED: IN_FLIGHT,
 }
-
-# Error codes a job may carry (CONTRACT.md).
-PROVIDER_FAILED = "provider_failed"
-SUBMIT_REJECTED = "submit_rejected"
-SETTLE_EXHAUSTED = "settle_exhausted"
-GIVE_UP = "give_up"
-OUTPUT_TOO_LARGE = "output_too_large"
-OUTPUT_REFUSED = "output_refused"  # the URL broke the download policy (host, address)
-RESOLVED_FAILED = "resolved_failed"
 
 
 def charge_for(reserved: int, reported_cost: int | None) -> int:

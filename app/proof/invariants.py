@@ -26,9 +26,8 @@ from typing import Any, NamedTuple
 from app.domain import states
 from app.simulator.outputs import output_sha256
 from app.storage import ObjectNotFound, Storage, StorageError, object_key
+from app.vocabulary import IN_FLIGHT, TERMINAL, JobStatus
 
-IN_FLIGHT = list(states.IN_FLIGHT)
-TERMINAL = list(states.TERMINAL)
 JOB_ID_IN_URL = re.compile(r"job_[0-9a-f]{24}")  # in a callback URL, or a violation line
 # The simulator's defaults for the `input` controls (app/simulator/controls.py).
 SIM_DEFAULT_OUTPUTS = 1
@@ -74,7 +73,7 @@ async def jobs_settled(conn) -> Check:
     total = await conn.fetchval("select count(*) from jobs")
     violations, uncertain = [], 0
     for r in await conn.fetch(SETTLED, IN_FLIGHT):
-        if r["status"] != states.UNCERTAIN:
+        if r["status"] != JobStatus.UNCERTAIN:
             violations.append(f"{r['id']}: still {r['status']}")
             continue
         uncertain += 1
@@ -125,16 +124,16 @@ async def job_money(conn) -> Check:
         problems = []
         if r["n_reserve"] != 1 or r["l_reserve"] != r["r"]:
             problems.append(f"{r['n_reserve']} reserve entries for {r['l_reserve']}, reserved {r['r']}")
-        if r["status"] in states.TERMINAL:
+        if r["status"] in TERMINAL:
             if r["c"] + r["f"] != r["r"]:
                 problems.append(f"charged {r['c']} + refunded {r['f']} != reserved {r['r']}")
         elif r["c"] or r["f"]:
             problems.append(f"in flight with charged {r['c']}, refunded {r['f']}")
         if r["l_charge"] != r["c"] or r["l_refund"] != r["f"]:
             problems.append(f"ledger charge {r['l_charge']}/refund {r['l_refund']} but job says {r['c']}/{r['f']}")
-        if r["status"] in (states.FAILED, states.CANCELLED, states.EXPIRED) and r["c"]:
+        if r["status"] in (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED) and r["c"]:
             problems.append(f"{r['status']} but charged {r['c']}")
-        if r["status"] == states.SUCCEEDED:
+        if r["status"] == JobStatus.SUCCEEDED:
             want = expected_charge(r["provider"], _input(r["input"]), r["r"])
             if r["c"] != want:
                 problems.append(f"charged {r['c']}, the provider's cost says {want}")
@@ -307,7 +306,7 @@ async def outputs_stored(conn, storage: Storage, *, simulator_bytes: bool = True
     objects: list[tuple[str, dict, int | None, str | None]] = []
     for r in rows:
         assets = json.loads(r["assets"])
-        if r["status"] != states.SUCCEEDED:
+        if r["status"] != JobStatus.SUCCEEDED:
             violations.append(f"{r['id']} ({r['status']}): has {len(assets)} asset(s)")
             continue
         input_ = _input(r["input"])
@@ -347,7 +346,7 @@ async def outputs_stored(conn, storage: Storage, *, simulator_bytes: bool = True
     for found in await asyncio.gather(*(check_one(*o) for o in objects)):
         violations.extend(found)
     return Check("succeeded outputs stored with their sha256 and size", len(objects), violations,
-                 f"{sum(1 for r in rows if r['status'] == states.SUCCEEDED)} succeeded jobs")
+                 f"{sum(1 for r in rows if r['status'] == JobStatus.SUCCEEDED)} succeeded jobs")
 
 
 # --- what a client was told ------------------------------------------------------------
@@ -385,7 +384,7 @@ async def client_cancels_held(conn, cancelled: Iterable[str]) -> Check:
         r = found.get(job_id)
         if r is None:
             violations.append(f"{job_id}: cancelled, then gone")
-        elif r["status"] != states.CANCELLED or r["credits_refunded"] != r["credits_reserved"]:
+        elif r["status"] != JobStatus.CANCELLED or r["credits_refunded"] != r["credits_reserved"]:
             violations.append(f"{job_id}: cancelled (200), now {r['status']} with "
                               f"{r['credits_refunded']} of {r['credits_reserved']} refunded")
     return Check("a cancel answered 200 stays cancelled and refunded", len(ids), violations)

@@ -10,8 +10,9 @@ from starlette.responses import JSONResponse, RedirectResponse, Response, Stream
 
 from app import ids
 from app.config import PROVIDERS
-from app.domain import jobs, owners, states
+from app.domain import jobs, owners
 from app.storage import ObjectNotFound
+from app.vocabulary import ALL_STATUSES, TERMINAL, JobStatus
 from app.web.auth import bearer_key, has_bearer, read_token_for, require_owner, token_allows
 from app.web.body import read_json_object
 from app.web.errors import ApiError, not_found
@@ -124,7 +125,7 @@ async def read_job(request: Request) -> Response:
     with state.job_changes.watch(job_id) as changed:
         row, via_token = await _readable_job(request, job_id)
         await _maybe_recheck(request, row)
-        if wait_s and row["status"] not in states.TERMINAL:
+        if wait_s and row["status"] not in TERMINAL:
             if await changed.wait(wait_s):
                 row = await jobs.get_job(state.pool, job_id)
     body = render_job(row, read_token_for(request, job_id), token_in_urls=via_token)
@@ -162,8 +163,8 @@ async def list_jobs(request: Request) -> Response:
     if unknown:
         raise ApiError("invalid_request", f"unknown parameter(s): {', '.join(sorted(unknown))}")
     status = q.get("status")
-    if status is not None and status not in states.ALL:
-        raise ApiError("invalid_request", f"status must be one of {', '.join(states.ALL)}")
+    if status is not None and status not in ALL_STATUSES:
+        raise ApiError("invalid_request", f"status must be one of {', '.join(ALL_STATUSES)}")
     try:
         limit = int(q.get("limit", "20"))
     except ValueError:
@@ -189,10 +190,10 @@ async def cancel_job(request: Request) -> Response:
     if row is None or row["owner_id"] != owner_id:
         raise not_found()
     async with pool.acquire() as conn:
-        closed = await jobs.close(conn, job_id, states.CANCELLED, cancel_at_provider=True)
+        closed = await jobs.close(conn, job_id, JobStatus.CANCELLED, cancel_at_provider=True)
     if closed is None:
         raise ApiError("invalid_state", f"the job is already {(await jobs.get_job(pool, job_id))['status']}")
-    request.app.state.metrics.job_finished(row["provider"], states.CANCELLED, closed)
+    request.app.state.metrics.job_finished(row["provider"], JobStatus.CANCELLED, closed)
     row = await jobs.get_job(pool, job_id)
     return JSONResponse(render_job(row, read_token_for(request, job_id)))
 

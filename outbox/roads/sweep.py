@@ -13,8 +13,9 @@ import logging
 from dataclasses import dataclass, field
 
 from app.config import Settings
-from app.domain import jobs, states
+from app.domain import jobs
 from app.metrics import SWEEP_FOUND, SWEEPS
+from app.vocabulary import JobError, JobStatus
 from outbox import intents
 
 log = logging.getLogger("longcall.sweep")
@@ -57,13 +58,13 @@ async def sweep_once(pool) -> SweepReport:
         return report
     async with pool.acquire() as conn:
         for job_id, status in zip(probe["ids"], probe["statuses"]):
-            if status == states.UNCERTAIN:
-                closed = await jobs.close(conn, job_id, states.EXPIRED, error_code=states.GIVE_UP,
+            if status == JobStatus.UNCERTAIN:
+                closed = await jobs.close(conn, job_id, JobStatus.EXPIRED, error_code=JobError.GIVE_UP,
                                           error_message="gave up on an uncertain submit",
                                           cancel_at_provider=True)
                 if closed:
                     report.expired.append(job_id)
-            elif status in (states.QUEUED, states.SUBMITTING):
+            elif status in (JobStatus.QUEUED, JobStatus.SUBMITTING):
                 # A submitting job without its intent was abandoned mid-submit:
                 # the submit step sees the call in doubt and looks it up.
                 await intents.request(conn, job_id, "submit")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.domain import states
 from app.providers.base import Provider, WebhookRequest
 from app.signing.secretbox import SecretBox
+from app.vocabulary import TERMINAL
 from outbox import intents
 
 LOAD = "select status, webhook_secret from jobs where id = $1 and provider = $2"
@@ -21,7 +21,7 @@ async def accept(pool, provider: Provider, secretbox: SecretBox, job_id: str,
     """True when the webhook is genuine and a settle was requested. Every
     failure (unknown job, closed job, bad signature) is the same False."""
     row = await pool.fetchrow(LOAD, job_id, provider.name)
-    if row is None or row["status"] in states.TERMINAL:
+    if row is None or row["status"] in TERMINAL:
         return False
     secret = secretbox.decrypt(row["webhook_secret"], job_id)
     webhook = WebhookRequest(job_id=job_id, headers=headers, query=query, raw_body=raw_body,

@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import os
 
-from app.domain import jobs, states
+from app.domain import jobs
 from app.proof import invariants
 from app.proof.chaos import ChaosConfig, run_chaos
 from app.simulator.outputs import output_bytes_iter, output_sha256
 from app.storage import FileStorage, object_key
+from app.vocabulary import JobStatus
 
 
 async def test_small_chaos_run_keeps_every_invariant():
@@ -60,7 +61,7 @@ async def _succeeded_job(pool, storage: FileStorage, owner_id: str, n: int) -> s
                 f.write(chunk)
         sha = output_sha256(task_id, 0, 300)
         await storage.put_file(key, path, "image/png", sha, 300)
-        assert await jobs.close(conn, job_id, states.SUCCEEDED, charge=2,
+        assert await jobs.close(conn, job_id, JobStatus.SUCCEEDED, charge=2,
                                 assets=[jobs.Asset(0, key, 300, sha, "image/png")])
     return job_id
 

@@ -1,0 +1,120 @@
+"""The words longcall speaks, defined once.
+
+Job statuses, the sets they fall in, outbox intent kinds, ledger entry kinds,
+the job error codes, the API error codes with their HTTP statuses, and the
+provider names. Everything else (SQL fragments, metrics labels, the OpenAPI
+document, the status screen, the chaos checks) is written from these. The
+migration's CHECK constraints and the `jobs_in_flight` index predicate are
+compared against them by tests/test_vocabulary.py, and `make check` refuses
+a status, kind or provider literal written out anywhere else in app/ and
+outbox/ (tools/check_vocabulary.py).
+
+StrEnum members are str: they go into SQL parameters, JSON and labels as
+their plain value.
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    SUBMITTING = "submitting"
+    RUNNING = "running"
+    UNCERTAIN = "uncertain"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+# In flight: holding a reservation and an active slot (`uncertain` included).
+IN_FLIGHT: tuple[JobStatus, ...] = (JobStatus.QUEUED, JobStatus.SUBMITTING, JobStatus.RUNNING,
+                                    JobStatus.UNCERTAIN)
+TERMINAL: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED,
+                                   JobStatus.EXPIRED)
+# Terminal with everything refunded: never charged.
+REFUNDED: tuple[JobStatus, ...] = (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED)
+ALL_STATUSES: tuple[JobStatus, ...] = IN_FLIGHT + TERMINAL
+
+
+class IntentKind(StrEnum):
+    """Outbox intents: what a settler is asked to do for a job."""
+
+    SUBMIT = "submit"
+    SETTLE = "settle"
+    CANCEL = "cancel"
+
+
+# The intents that closing a job makes pointless (a provider cancel may outlive it).
+CLOSED_BY_CLOSE: tuple[IntentKind, ...] = (IntentKind.SUBMIT, IntentKind.SETTLE)
+
+
+class LedgerKind(StrEnum):
+    GRANT = "grant"
+    RESERVE = "reserve"
+    CHARGE = "charge"
+    REFUND = "refund"
+
+
+class JobError(StrEnum):
+    """`error.code` of a job (CONTRACT.md: A job as JSON)."""
+
+    PROVIDER_FAILED = "provider_failed"
+    SUBMIT_REJECTED = "submit_rejected"
+    SETTLE_EXHAUSTED = "settle_exhausted"
+    GIVE_UP = "give_up"
+    OUTPUT_TOO_LARGE = "output_too_large"
+    OUTPUT_REFUSED = "output_refused"  # the URL broke the download policy (host, address)
+    OUTPUT_EXPIRED = "output_expired"  # the provider removed the output before we copied it
+    CALL_LOST = "call_lost"
+    RESOLVED_FAILED = "resolved_failed"
+
+
+class ApiErrorCode(StrEnum):
+    """`error.code` of an API error answer (CONTRACT.md: HTTP API)."""
+
+    UNAUTHENTICATED = "unauthenticated"
+    NOT_FOUND = "not_found"
+    INVALID_REQUEST = "invalid_request"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    UNKNOWN_PROVIDER = "unknown_provider"
+    INSUFFICIENT_CREDITS = "insufficient_credits"
+    CAPACITY_EXHAUSTED = "capacity_exhausted"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    INVALID_STATE = "invalid_state"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    UNAVAILABLE = "unavailable"
+    INTERNAL = "internal"
+
+
+# The HTTP status of each API error code; the OpenAPI document is written from it.
+API_ERROR_STATUS: dict[ApiErrorCode, int] = {
+    ApiErrorCode.UNAUTHENTICATED: 401,
+    ApiErrorCode.NOT_FOUND: 404,
+    ApiErrorCode.INVALID_REQUEST: 400,
+    ApiErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ApiErrorCode.UNKNOWN_PROVIDER: 422,
+    ApiErrorCode.INSUFFICIENT_CREDITS: 402,
+    ApiErrorCode.CAPACITY_EXHAUSTED: 429,
+    ApiErrorCode.IDEMPOTENCY_CONFLICT: 409,
+    ApiErrorCode.INVALID_STATE: 409,
+    ApiErrorCode.METHOD_NOT_ALLOWED: 405,
+    ApiErrorCode.UNAVAILABLE: 503,
+    ApiErrorCode.INTERNAL: 500,
+}
+
+
+class ProviderName(StrEnum):
+    """The providers longcall has adapters for."""
+
+    SIM = "sim"
+    REPLICATE = "replicate"
+    FAL = "fal"
+    KIE = "kie"
+
+
+def sql_list(values: tuple[str, ...] | list[str]) -> str:
+    """A set as a SQL literal list, `('a', 'b')`, for statements written from
+    this module. Only ever called with the members above (no user input)."""
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
