@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app import db
 from app.config import Settings
+from app.vocabulary import ALL_STATUSES, JobError, JobStatus
 
 QUERIES = {
     "jobs": "select status, count(*) as n from jobs group by status order by status",
@@ -13,10 +14,10 @@ QUERIES = {
                count(*) filter (where claimed_until > now()) as claimed,
                extract(epoch from now() - min(not_before) filter (where not_before <= now())) as oldest_due_s
         from outbox group by kind order by kind""",
-    "uncertain": """
-        select id, provider, created_at, last_error from jobs where status = 'uncertain'
+    "uncertain_jobs": f"""
+        select id, provider, created_at, last_error from jobs where status = '{JobStatus.UNCERTAIN}'
         order by created_at limit 10""",
-    "exhausted": "select count(*) from jobs where error_code = 'settle_exhausted'",
+    "exhausted": f"select count(*) from jobs where error_code = '{JobError.SETTLE_EXHAUSTED}'",
     "settlers": """
         select count(*) filter (where application_name = 'longcall-settler-listen') as settlers,
                count(*) filter (where application_name like 'longcall-web%') as web_connections
@@ -28,7 +29,7 @@ async def collect(conn) -> dict:
     return {
         "jobs": {r["status"]: r["n"] for r in await conn.fetch(QUERIES["jobs"])},
         "intents": [dict(r) for r in await conn.fetch(QUERIES["intents"])],
-        "uncertain": [dict(r) for r in await conn.fetch(QUERIES["uncertain"])],
+        "uncertain_jobs": [dict(r) for r in await conn.fetch(QUERIES["uncertain_jobs"])],
         "exhausted": await conn.fetchval(QUERIES["exhausted"]),
         "activity": dict(await conn.fetchrow(QUERIES["settlers"])),
     }
@@ -36,8 +37,7 @@ async def collect(conn) -> dict:
 
 def render(s: dict) -> str:
     jobs = s["jobs"]
-    order = ["queued", "submitting", "running", "uncertain", "succeeded", "failed", "cancelled", "expired"]
-    lines = ["jobs:     " + "  ".join(f"{k} {jobs.get(k, 0)}" for k in order)]
+    lines = ["jobs:     " + "  ".join(f"{k} {jobs.get(k, 0)}" for k in ALL_STATUSES)]
     if s["intents"]:
         for i in s["intents"]:
             oldest = f", oldest due {i['oldest_due_s']:.0f}s ago" if i["oldest_due_s"] is not None else ""
@@ -47,9 +47,9 @@ def render(s: dict) -> str:
     lines.append(f"settlers: {s['activity']['settlers']} connected "
                  f"(web connections: {s['activity']['web_connections']})")
     lines.append(f"settle_exhausted jobs: {s['exhausted']}")
-    lines.append(f"uncertain jobs: {jobs.get('uncertain', 0)}"
-                 + (" — resolve with: longcall jobs resolve JOB_ID (--task-id ID | --failed)" if s["uncertain"] else ""))
-    for u in s["uncertain"]:
+    resolve = " — resolve with: longcall jobs resolve JOB_ID (--task-id ID | --failed)"
+    lines.append(f"uncertain jobs: {jobs.get(JobStatus.UNCERTAIN, 0)}" + (resolve if s["uncertain_jobs"] else ""))
+    for u in s["uncertain_jobs"]:
         lines.append(f"  {u['id']} {u['provider']} since {u['created_at']:%Y-%m-%d %H:%M:%S} {u['last_error'] or ''}")
     return "\n".join(lines)
 

@@ -38,6 +38,16 @@ REFUNDED: tuple[JobStatus, ...] = (JobStatus.FAILED, JobStatus.CANCELLED, JobSta
 ALL_STATUSES: tuple[JobStatus, ...] = IN_FLIGHT + TERMINAL
 
 
+class TaskState(StrEnum):
+    """A provider task's state as an adapter reports it (each adapter maps its
+    provider's own words onto these)."""
+
+    RUNNING = "running"  # queued or running at the provider: ask again later
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # cancelled or aborted at the provider
+
+
 class IntentKind(StrEnum):
     """Outbox intents: what a settler is asked to do for a job."""
 

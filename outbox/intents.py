@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import asyncpg
 
 from app.db import OUTBOX_CHANNEL
+from app.vocabulary import IN_FLIGHT, IntentKind, sql_list
 
-KINDS = ("submit", "settle", "cancel")
+KINDS = tuple(IntentKind)
 
 # $1 job, $2 kind, $3 delay (s). Only for a job still in flight: the job row
 # is share-locked, so a concurrent close (whose UPDATE waits for us) cannot
@@ -30,7 +31,7 @@ KINDS = ("submit", "settle", "cancel")
 REQUEST = f"""
 with open_job as (
     select id from jobs
-    where id = $1 and status in ('queued', 'submitting', 'running', 'uncertain')
+    where id = $1 and status in {sql_list(IN_FLIGHT)}
     for share
 ), before as (
     select not_before from outbox where job_id = $1 and kind = $2

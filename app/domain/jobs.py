@@ -10,6 +10,7 @@ and changed nothing.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import hashlib
 import json
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ import asyncpg
 from app import ids
 from app.db import JOBS_CHANNEL, OUTBOX_CHANNEL
 from app.domain import states
-from app.vocabulary import JobStatus
+from app.vocabulary import CLOSED_BY_CLOSE, TERMINAL, IntentKind, JobStatus, LedgerKind, sql_list
 
 
 class InsufficientCredits(Exception):
@@ -62,9 +63,9 @@ with owner as (
     returning *
 ), reserve as (
     insert into ledger (owner_id, job_id, kind, amount)
-    select owner_id, id, 'reserve', credits_reserved from job
+    select owner_id, id, '{LedgerKind.RESERVE}', credits_reserved from job
 ), intent as (
-    insert into outbox (job_id, kind) select id, 'submit' from job
+    insert into outbox (job_id, kind) select id, '{IntentKind.SUBMIT}' from job
 )
 select job.id, job.owner_id, job.status, job.provider, job.model, job.input, job.created_at,
        job.updated_at, job.finished_at, job.credits_reserved, job.credits_charged,
@@ -195,8 +196,8 @@ with j as (
 ), money as (
     insert into ledger (owner_id, job_id, kind, amount)
     select j.owner_id, j.id, e.kind, e.amount
-    from j cross join lateral (values ('charge', j.credits_charged),
-                                      ('refund', j.credits_refunded)) e(kind, amount)
+    from j cross join lateral (values ('{LedgerKind.CHARGE}', j.credits_charged),
+                                      ('{LedgerKind.REFUND}', j.credits_refunded)) e(kind, amount)
     where e.amount > 0
 ), owner as (
     update owners o set reserved = o.reserved - j.credits_reserved,
@@ -205,11 +206,11 @@ with j as (
         active = o.active - 1
     from j where o.id = j.owner_id
 ), intents_done as (
-    delete from outbox where job_id = $1 and kind in ('submit', 'settle')
+    delete from outbox where job_id = $1 and kind in {sql_list(CLOSED_BY_CLOSE)}
       and exists (select 1 from j)
 ), provider_cancel as (
     insert into outbox (job_id, kind)
-    select id, 'cancel' from j
+    select id, '{IntentKind.CANCEL}' from j
     where $7 and (provider_task_id is not null or provider_call_started_at is not null)
     on conflict (job_id, kind) do nothing
     returning 1
@@ -277,12 +278,12 @@ async def close(conn, job_id: str, status: str, *, charge: int = 0, error_code: 
 
 # queued -> submitting before any paid call. `was_in_doubt` tells whether an
 # earlier attempt's call never got a definite answer (then the task may exist).
-BEGIN_SUBMIT = """
-update jobs j set status = 'submitting', submit_in_doubt = true,
+BEGIN_SUBMIT = f"""
+update jobs j set status = '{JobStatus.SUBMITTING}', submit_in_doubt = true,
     provider_call_started_at = coalesce(j.provider_call_started_at, now()),
     submit_attempts = j.submit_attempts + 1, updated_at = now()
 from (select id, submit_in_doubt from jobs where id = $1 for update) old
-where j.id = old.id and j.status in ('queued', 'submitting') and j.provider_task_id is null
+where j.id = old.id and j.status in {sql_list((JobStatus.QUEUED, JobStatus.SUBMITTING))} and j.provider_task_id is null
 returning j.*, old.submit_in_doubt as was_in_doubt
 """
 
@@ -296,7 +297,7 @@ SUBMIT_SETTLED = "update jobs set submit_in_doubt = false, last_error = $2, upda
 # provider is asked to cancel it.
 SAVE_TASK = f"""
 with running as (
-    update jobs set status = 'running', provider_task_id = $2, provider_operation = $3,
+    update jobs set status = '{JobStatus.RUNNING}', provider_task_id = $2, provider_operation = $3,
         webhook_secret = $4, callback_registered = $5, submit_in_doubt = false,
         last_error = null, updated_at = now()
     where id = $1 and status = any($7::text[])
@@ -304,21 +305,21 @@ with running as (
 ), closed as (
     update jobs set provider_task_id = $2, provider_operation = $3, submit_in_doubt = false,
         updated_at = now()
-    where id = $1 and status in ('succeeded', 'failed', 'cancelled', 'expired')
+    where id = $1 and status in {sql_list(TERMINAL)}
       and provider_task_id is null and not exists (select 1 from running)
     returning id
 ), first_check as (
     insert into outbox (job_id, kind, not_before)
-    select id, 'settle', now() + make_interval(secs => $6) from running
+    select id, '{IntentKind.SETTLE}', now() + make_interval(secs => $6) from running
     on conflict (job_id, kind) do update
         set not_before = least(outbox.not_before, excluded.not_before),
             generation = outbox.generation + 1
 ), provider_cancel as (
-    insert into outbox (job_id, kind) select id, 'cancel' from closed
+    insert into outbox (job_id, kind) select id, '{IntentKind.CANCEL}' from closed
     on conflict (job_id, kind) do nothing
     returning 1
 )
-select exists (select 1 from running) as running, exists (select 1 from closed) as closed,
+select exists (select 1 from running) as now_running, exists (select 1 from closed) as on_closed_job,
        pg_notify('{JOBS_CHANNEL}', $1),
        case when exists (select 1 from provider_cancel) then pg_notify('{OUTBOX_CHANNEL}', '') end,
        -- a timer: settlers learn when to wake (payload = due time, epoch s)
@@ -327,12 +328,20 @@ select exists (select 1 from running) as running, exists (select 1 from closed) 
 """
 
 MARK_UNCERTAIN = f"""
-update jobs set status = 'uncertain', last_error = $2, updated_at = now()
-where id = $1 and status = 'submitting'
+update jobs set status = '{JobStatus.UNCERTAIN}', last_error = $2, updated_at = now()
+where id = $1 and status = '{JobStatus.SUBMITTING}'
 returning id, pg_notify('{JOBS_CHANNEL}', id)
 """
 
 NOTE_ERROR = "update jobs set last_error = $2, updated_at = now() where id = $1"
+
+
+class Saved(enum.Enum):
+    """What saving a task id did."""
+
+    RUNNING = enum.auto()  # the job is running with this task
+    ON_CLOSED_JOB = enum.auto()  # the job had closed meanwhile: id saved, provider cancel queued
+    LOST = enum.auto()  # the job is in no state to take it
 
 
 async def begin_submit(conn, job_id: str) -> asyncpg.Record | None:
@@ -341,16 +350,14 @@ async def begin_submit(conn, job_id: str) -> asyncpg.Record | None:
 
 async def save_task(conn, job_id: str, *, task_id: str, operation: Any, webhook_secret: bytes | None,
                     callback_registered: bool, first_check_after_s: float,
-                    from_statuses: Sequence[str] = (JobStatus.SUBMITTING,)) -> str:
-    """Returns 'running', 'closed' (saved on a closed job, provider cancel
-    queued) or 'lost' (the job is in no state to take it)."""
+                    from_statuses: Sequence[str] = (JobStatus.SUBMITTING,)) -> Saved:
     row = await conn.fetchrow(SAVE_TASK, job_id, task_id, operation, webhook_secret,
                               callback_registered, float(first_check_after_s), list(from_statuses))
-    if row["running"]:
-        return "running"
-    if row["closed"]:
-        return "closed"
-    return "lost"
+    if row["now_running"]:
+        return Saved.RUNNING
+    if row["on_closed_job"]:
+        return Saved.ON_CLOSED_JOB
+    return Saved.LOST
 
 
 async def submit_settled(conn, job_id: str, error: str | None) -> None:

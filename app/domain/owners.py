@@ -7,11 +7,12 @@ from dataclasses import dataclass
 import asyncpg
 
 from app import ids
+from app.vocabulary import LedgerKind
 
 CREATE_OWNER = """
 insert into owners (id, name, granted, balance, max_active) values ($1, $2, $3, $3, $4)
 """
-GRANT_LEDGER = "insert into ledger (owner_id, kind, amount) values ($1, 'grant', $2)"
+GRANT_LEDGER = f"insert into ledger (owner_id, kind, amount) values ($1, '{LedgerKind.GRANT}', $2)"
 GRANT = """
 update owners set granted = granted + $2, balance = balance + $2 where id = $1 returning id
 """

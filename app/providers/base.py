@@ -7,10 +7,11 @@ settler can decide without knowing which provider it is talking to.
 """
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from app.vocabulary import TaskState as TaskState  # adapters name it from here
 
 
 class ProviderError(Exception):
@@ -41,12 +42,6 @@ class Uncertain(ProviderError):
     or a 5xx after the request was sent). Never retried blindly unless the
     provider's submit is idempotent."""
 
-
-class TaskState(str, enum.Enum):
-    RUNNING = "running"  # queued or running at the provider: ask again later
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"  # cancelled or aborted at the provider
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from app.providers.base import Provider, WebhookRequest
 from app.signing.secretbox import SecretBox
-from app.vocabulary import TERMINAL
+from app.vocabulary import TERMINAL, IntentKind
 from outbox import intents
 
 LOAD = "select status, webhook_secret from jobs where id = $1 and provider = $2"
@@ -33,4 +33,4 @@ async def accept(pool, provider: Provider, secretbox: SecretBox, job_id: str,
         return False
     # One statement: requested only if the job is still open (closed while
     # we verified: nothing to do).
-    return await intents.request(pool, job_id, "settle")
+    return await intents.request(pool, job_id, IntentKind.SETTLE)
