@@ -94,7 +94,8 @@ class _Backend(httpcore.AsyncNetworkBackend):
         except TimeoutError:
             raise httpcore.ConnectTimeout(f"timed out connecting to {host}:{port}") from None
         except OSError as exc:
-            raise httpcore.ConnectError(f"could not connect to {host}:{port} ({exc.strerror or type(exc).__name__})") from None
+            reason = exc.strerror or type(exc).__name__
+            raise httpcore.ConnectError(f"could not connect to {host}:{port} ({reason})") from None
         sock = writer.get_extra_info("socket")
         for option in socket_options or ():
             sock.setsockopt(*option)
@@ -109,9 +110,11 @@ class AsyncioTransport(httpx.AsyncHTTPTransport):
     mapping), over asyncio streams instead of anyio. No proxies: providers
     and downloads are reached directly."""
 
-    def __init__(self, *, verify: ssl.SSLContext | bool = True, limits: httpx.Limits = httpx.Limits()):
+    def __init__(self, *, verify: ssl.SSLContext | bool = True, limits: httpx.Limits | None = None):
         # Not super().__init__: it would build (and load certificates for) a
-        # pool we replace; AsyncHTTPTransport's methods use only `_pool`.
+        # pool we replace; AsyncHTTPTransport's methods use only `_pool`
+        # (tests/test_http_transport.py fails if an httpx release changes that).
+        limits = limits or httpx.Limits()
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
             max_connections=limits.max_connections,

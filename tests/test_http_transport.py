@@ -98,3 +98,29 @@ async def test_streamed_body_arrives_whole(serve_raw):
         async with c.stream("GET", raw.url) as r:
             got = b"".join([chunk async for chunk in r.aiter_raw()])
     assert got == body
+
+
+def test_the_httpx_and_httpcore_seams_it_relies_on_still_exist():
+    """AsyncioTransport skips AsyncHTTPTransport.__init__ and sets `_pool`
+    itself, and implements httpcore's network backend. If an httpx or
+    httpcore release renames what it touches, this fails before users do."""
+    import inspect
+
+    import httpcore
+
+    for method in ("handle_async_request", "aclose"):
+        source = inspect.getsource(getattr(httpx.AsyncHTTPTransport, method))
+        assert "self._pool" in source, method
+    assert {"verify", "trust_env"} <= set(inspect.signature(httpx.create_ssl_context).parameters)
+    pool_params = set(inspect.signature(httpcore.AsyncConnectionPool).parameters)
+    assert {"ssl_context", "max_connections", "max_keepalive_connections", "keepalive_expiry",
+            "network_backend"} <= pool_params
+    for name in ("connect_tcp", "connect_unix_socket", "sleep"):
+        assert callable(getattr(httpcore.AsyncNetworkBackend, name)), name
+    for name in ("read", "write", "aclose", "start_tls", "get_extra_info"):
+        assert callable(getattr(httpcore.AsyncNetworkStream, name)), name
+    for error in ("ConnectError", "ConnectTimeout", "ReadError", "ReadTimeout", "WriteError", "WriteTimeout"):
+        assert issubclass(getattr(httpcore, error), Exception), error
+    # The transport builds its pool with our backend, and closing it works.
+    transport = AsyncioTransport()
+    assert isinstance(transport._pool, httpcore.AsyncConnectionPool)
