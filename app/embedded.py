@@ -57,10 +57,8 @@ class EmbeddedPostgres:
 
     def _run(self, tool: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         cmd = [str((self.bin_dir or _bin_dir()) / tool), *args]
-        kwargs = {}
-        if self._as_root:
-            kwargs["user"] = SYSTEM_USER
-        return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout, **kwargs)
+        user = SYSTEM_USER if self._as_root else None
+        return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout, user=user)
 
     def _prepare_permissions(self) -> None:
         if not self._as_root:

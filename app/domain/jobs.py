@@ -99,6 +99,7 @@ async def create_job(pool: asyncpg.Pool, *, owner_id: str, request_key: str | No
                                       provider, model, input, float(give_up_after_s))
         except asyncpg.UniqueViolationError:
             # A concurrent request with the same key won the insert.
+            assert request_key is not None  # only a keyed insert can collide
             existing = await _replay(conn, owner_id, request_key, digest)
             if existing:
                 return existing
@@ -249,7 +250,7 @@ class Closed:
     cancel_queued: bool
 
 
-async def close(conn, job_id: str, status: str, *, charge: int = 0, error_code: str | None = None,
+async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_code: str | None = None,
                 error_message: str | None = None, cancel_at_provider: bool = False,
                 assets: Sequence[Asset] = (), from_statuses: Sequence[str] | None = None
                 ) -> Closed | None:

@@ -320,7 +320,7 @@ def _verify_fal(headers: Any, raw_body: Any, public_keys: Any, now: Any, toleran
     return ok
 
 
-def _b64url_decode(value: str) -> bytes | None:
+def _b64url_decode(value: object) -> bytes | None:
     if not isinstance(value, str) or len(value) > 256:
         return None
     value = value.rstrip("=")
