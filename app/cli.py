@@ -10,16 +10,36 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
+from typing import NamedTuple
 
 import asyncpg
 
 from app.config import ConfigError, Settings, load_settings
-from app.proof import BENCH_GROUPS
 
 
 class CommandError(Exception):
     """One line for the user; exit 1."""
+
+
+class MissingExtra(Exception):
+    """A command's optional dependencies are not installed. The message is one
+    line saying what to install; exit 2."""
+
+
+class Subcommand(NamedTuple):
+    """What an entry point of the `longcall.commands` group names: a command
+    another package adds to `longcall` (pyproject.toml: chaos and bench, from
+    proof/cli.py). Every `longcall` run loads it, to list it in the help, so
+    it must import little: what the command needs, `run` imports."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+PLUGIN_GROUP = "longcall.commands"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"longcall: {message} (see longcall --help)\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(plugins: Mapping[str, Subcommand | str] | None = None) -> argparse.ArgumentParser:
     p = _Parser(prog="longcall", description="Durable, paid calls to external AI providers.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -38,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="0.0.0.0")
     s.add_argument("--port", type=int, default=None)
     s.add_argument("--workers", type=int, default=1)
+    s.add_argument("--header-timeout", metavar="SECONDS", default=None,
+                   help="close a connection whose request headers are not complete this long after it "
+                        "opens or after its last response (env HEADER_TIMEOUT_S; default 10)")
+    s.add_argument("--limit-concurrency", metavar="N", default=None,
+                   help="answer 503 above this many open connections or running requests per worker "
+                        "(env LIMIT_CONCURRENCY; default 1000)")
 
     s = sub.add_parser("settler", help="drain the outbox, run timers and the sweep (Procfile: settler)")
     s.add_argument("--concurrency", type=int, default=16)
@@ -71,16 +97,6 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("status", help="one screen from the database")
 
-    s = sub.add_parser("chaos", help="the reliability run")
-    s.add_argument("--jobs", type=int, default=5000)
-    s = sub.add_parser("bench", help="the benchmarks")
-    s.add_argument("--quick", action="store_true", help="tiny windows and data sets: a smoke test")
-    s.add_argument("--only", action="append", metavar="ROW",
-                   choices=BENCH_GROUPS,
-                   help="run only this row group (repeatable)")
-    s.add_argument("--rounds", type=int, default=None, help="rounds per figure (median); default 3, quick 1")
-    s.add_argument("--json", dest="json_path", metavar="PATH", help="also write the results as JSON")
-
     jobs = sub.add_parser("jobs", help="job recovery").add_subparsers(dest="action", required=True,
                                                                       parser_class=_Parser)
     s = jobs.add_parser("resolve", help="resolve an uncertain job")
@@ -88,14 +104,45 @@ def _parser() -> argparse.ArgumentParser:
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--task-id")
     g.add_argument("--failed", action="store_true")
+
+    for name, command in (plugins or {}).items():
+        if isinstance(command, Subcommand):
+            command.add_arguments(sub.add_parser(name, help=command.help))
+        else:
+            # It takes any arguments as plain words (no prefix makes an option,
+            # not even -h), so running it, however, says why it is unavailable.
+            s = sub.add_parser(name, help=f"unavailable: {command}", add_help=False, prefix_chars="\0")
+            s.add_argument("args", nargs="*")
     return p
+
+
+def _plugins() -> dict[str, Subcommand | str]:
+    """The commands the `longcall.commands` entry points name, by name. One
+    that cannot be loaded maps to why, in one line: a broken plug-in costs
+    only its own command, never `longcall serve` or `longcall --help`."""
+    found: dict[str, Subcommand | str] = {}
+    for point in entry_points(group=PLUGIN_GROUP):
+        if point.name in COMMANDS or point.name in found:
+            continue  # the built-in commands win, then the first plug-in of a name
+        try:
+            command = point.load()
+        except Exception as e:
+            found[point.name] = f"cannot load {point.value} ({type(e).__name__}: {_first_line(e)})"
+            continue
+        found[point.name] = (command if isinstance(command, Subcommand)
+                             else f"{point.value} is not a longcall Subcommand")
+    return found
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [""])[0]
 
 
 async def _connect(settings: Settings):
     from app import db
 
     try:
-        return await asyncio.wait_for(db.connect(settings.database_url, role="cli"), 10)
+        return await asyncio.wait_for(db.connect(settings.dsn, role="cli"), 10)
     except (TimeoutError, OSError) as e:
         raise CommandError(f"cannot reach the database: {type(e).__name__}") from None
     except Exception as e:  # asyncpg's own errors: bad password, no database...
@@ -212,19 +259,24 @@ def _cmd_serve(args) -> int:
     import uvicorn
 
     from app.logs import configure_logging, uvicorn_log_config
-    from app.web import create_app
+    from app.web import create_app, server
 
     if args.workers < 1:
         raise CommandError("--workers must be at least 1")
     settings = load_settings()  # checked here, before any worker starts
+    header_timeout_s, limit_concurrency = server.serve_limits(args.header_timeout, args.limit_concurrency,
+                                                              os.environ)
     port = args.port if args.port is not None else settings.port
     configure_logging(settings.log_level)
     options = dict(host=args.host, port=port, log_config=uvicorn_log_config(), access_log=False,
-                   proxy_headers=True, lifespan="on")
+                   proxy_headers=True, lifespan="on", limit_concurrency=limit_concurrency)
     if args.workers > 1:
-        uvicorn.run("app.web:create_app_from_env", factory=True, workers=args.workers, **options)
+        # Each worker imports the protocol by name and reads its deadline here.
+        os.environ[server.HEADER_TIMEOUT_ENV] = str(header_timeout_s)
+        uvicorn.run("app.web:create_app_from_env", factory=True, workers=args.workers,
+                    http=server.WORKER_PROTOCOL, **options)
     else:
-        uvicorn.run(create_app(settings), **options)
+        uvicorn.run(create_app(settings), http=server.protocol_with_header_timeout(header_timeout_s), **options)
     return 0
 
 
@@ -266,29 +318,27 @@ def _cmd_dev(args) -> int:
     return run_dev()
 
 
-def _cmd_chaos(args) -> int:
-    from app.proof.chaos import main as chaos_main
-
-    return chaos_main(jobs=args.jobs)
-
-
-def _cmd_bench(args) -> int:
-    from app.proof.bench import main as bench_main
-
-    return bench_main(quick=args.quick, only=args.only, rounds=args.rounds, json_path=args.json_path)
-
-
 COMMANDS = {
     "dev": _cmd_dev, "migrate": _cmd_migrate, "serve": _cmd_serve, "settler": _cmd_settler,
     "sweep": _cmd_sweep, "sim": _cmd_sim, "owners": _cmd_owners, "keys": _cmd_keys,
-    "status": _cmd_status, "chaos": _cmd_chaos, "bench": _cmd_bench, "jobs": _cmd_jobs,
+    "status": _cmd_status, "jobs": _cmd_jobs,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    plugins = _plugins()
+    args = _parser(plugins).parse_args(argv)
     try:
-        return COMMANDS[args.command](args) or 0
+        if args.command in COMMANDS:
+            return COMMANDS[args.command](args) or 0
+        command = plugins[args.command]
+        if not isinstance(command, Subcommand):
+            print(f"longcall: {args.command} is unavailable: {command}", file=sys.stderr)
+            return 2
+        return command.run(args) or 0
+    except MissingExtra as e:
+        print(f"longcall: {e}", file=sys.stderr)
+        return 2
     except ConfigError as e:
         print(f"longcall: {e}", file=sys.stderr)
         return 2

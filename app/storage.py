@@ -11,12 +11,11 @@ import asyncio
 import base64
 import contextlib
 import hashlib
-import json
 import os
 import re
 import tempfile
 from collections.abc import AsyncIterator
-from stat import S_ISREG
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
@@ -48,7 +47,7 @@ def object_key(owner_id: str, job_id: str, index: int) -> str:
 
 def check_key(key: str) -> list[str]:
     """Split a key into its segments, refusing anything that could leave the
-    storage root or collide with our temp and metadata files (dot-names)."""
+    storage root or collide with our temp files (dot-names)."""
     if not isinstance(key, str) or not key or len(key) > 512:
         raise ValueError("storage key must be a non-empty string of at most 512 characters")
     segments = key.split("/")
@@ -62,14 +61,14 @@ class Storage(Protocol):
         """Store the file at `path` under `key`, replacing what was there.
         Raises StorageError if the file is not `size` bytes with that sha256."""
 
-    async def exists(self, key: str) -> tuple[int, str] | None:
-        """(size, sha256 hex or "" if unknown), or None when there is no object."""
-
     async def open_stream(self, key: str) -> AsyncIterator[bytes]:
         """Await it to open the object (ObjectNotFound if missing), then iterate the chunks."""
 
-    async def presigned_url(self, key: str, expires_s: int = 60) -> str | None:
-        """A GET URL valid for at most 60 s (S3); None when the storage serves bytes itself."""
+    async def presigned_url(self, key: str, expires_s: int = 60, *, content_type: str | None = None,
+                            content_disposition: str | None = None) -> str | None:
+        """A GET URL valid for at most 60 s (S3) whose answer carries this
+        Content-Type and Content-Disposition (signed into the URL, so the
+        holder cannot change them); None when the storage serves bytes itself."""
 
     async def aclose(self) -> None:
         ...
@@ -94,11 +93,8 @@ class FileStorage(Storage):
     """Objects as files under a root directory. A write goes to a temp file in
     the target directory, is fsynced, renamed over the key and the directory
     fsynced: a reader sees the old object or the new one, never a part.
-
-    Beside each object `.NAME.meta` (JSON) keeps size, sha256, content type
-    and the inode of the object file it describes; when that inode no longer
-    matches (a crash between the two renames, a restore from backup) the
-    sha256 is recomputed instead of trusted."""
+    Size, sha256 and content type live in the assets row (put_file checks
+    the bytes against them), so an object is its bytes and nothing beside."""
 
     def __init__(self, root: str):
         if not os.path.isabs(root):
@@ -108,21 +104,15 @@ class FileStorage(Storage):
     def path_of(self, key: str) -> str:
         return os.path.join(self.root, *check_key(key))
 
-    @staticmethod
-    def _meta_path(path: str) -> str:
-        head, name = os.path.split(path)
-        return os.path.join(head, f".{name}.meta")
-
     async def put_file(self, key: str, path: str, content_type: str | None, sha256: str, size: int) -> None:
         target = self.path_of(key)
         _sha256_check(sha256, size)
         try:
-            await asyncio.to_thread(self._put_sync, key, target, path, content_type, sha256, size)
+            await asyncio.to_thread(self._put_sync, key, target, path, sha256, size)
         except OSError as exc:
             raise StorageError(f"{key}: could not write ({exc.strerror or type(exc).__name__})") from None
 
-    def _put_sync(self, key: str, target: str, source: str, content_type: str | None,
-                  sha256: str, size: int) -> None:
+    def _put_sync(self, key: str, target: str, source: str, sha256: str, size: int) -> None:
         directory = os.path.dirname(target)
         created = _make_dirs(directory)
         name = os.path.basename(target)
@@ -137,11 +127,8 @@ class FileStorage(Storage):
                     written += len(chunk)
                 out.flush()
                 os.fsync(out.fileno())
-                inode = os.fstat(out.fileno()).st_ino
             if written != size or digest.hexdigest() != sha256:
                 raise _mismatch(key, size, written, sha256, digest.hexdigest())
-            meta = {"size": size, "sha256": sha256, "content_type": content_type, "inode": inode}
-            _write_atomic(self._meta_path(target), json.dumps(meta).encode())
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -151,43 +138,6 @@ class FileStorage(Storage):
         # once its parent is.
         for path in [directory, *(os.path.dirname(d) for d in created)]:
             _fsync_dir(path)
-
-    async def exists(self, key: str) -> tuple[int, str] | None:
-        target = self.path_of(key)
-        try:
-            return await asyncio.to_thread(self._exists_sync, target)
-        except OSError as exc:
-            raise StorageError(f"{key}: could not check ({exc.strerror or type(exc).__name__})") from None
-
-    def _exists_sync(self, target: str) -> tuple[int, str] | None:
-        try:
-            stat = os.stat(target)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        if not S_ISREG(stat.st_mode):
-            return None
-        meta = self._read_meta(target)
-        if meta and meta.get("inode") == stat.st_ino and meta.get("size") == stat.st_size:
-            return stat.st_size, str(meta.get("sha256") or "")
-        digest = hashlib.sha256()
-        with open(target, "rb") as f:
-            while chunk := f.read(CHUNK_BYTES):
-                digest.update(chunk)
-        return stat.st_size, digest.hexdigest()
-
-    def _read_meta(self, target: str) -> dict[str, Any] | None:
-        try:
-            with open(self._meta_path(target), "rb") as f:
-                meta = json.loads(f.read(4096))
-        except (OSError, ValueError):
-            return None
-        return meta if isinstance(meta, dict) else None
-
-    async def content_type(self, key: str) -> str | None:
-        """The content type given when the object was stored, if recorded."""
-        meta = await asyncio.to_thread(self._read_meta, self.path_of(key))
-        value = (meta or {}).get("content_type")
-        return value if isinstance(value, str) else None
 
     async def open_stream(self, key: str) -> AsyncIterator[bytes]:
         target = self.path_of(key)
@@ -201,7 +151,8 @@ class FileStorage(Storage):
             raise StorageError(f"{key}: could not read ({exc.strerror or type(exc).__name__})") from None
         return _file_chunks(file)
 
-    async def presigned_url(self, key: str, expires_s: int = 60) -> str | None:
+    async def presigned_url(self, key: str, expires_s: int = 60, *, content_type: str | None = None,
+                            content_disposition: str | None = None) -> str | None:
         return None
 
     async def aclose(self) -> None:
@@ -217,21 +168,6 @@ async def _file_chunks(file) -> AsyncIterator[bytes]:
             yield chunk
     finally:
         file.close()
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    directory, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def _make_dirs(directory: str) -> list[str]:
@@ -365,7 +301,8 @@ class S3Storage(Storage):
         try:
             whole = hashlib.sha256()
             parts = []
-            with open(path, "rb") as file:
+            file = await asyncio.to_thread(open, path, "rb")
+            with file:
                 number = 1
                 while True:
                     body = await asyncio.to_thread(file.read, self.part_size)
@@ -390,17 +327,6 @@ class S3Storage(Storage):
                 pass  # an abandoned upload is cleaned by the bucket's lifecycle rule
             raise
 
-    async def exists(self, key: str) -> tuple[int, str] | None:
-        full_key = self.full_key(key)
-        s3 = await self._s3()
-        try:
-            head = await s3.head_object(Bucket=self.bucket, Key=full_key)
-        except Exception as exc:
-            if _is_not_found(exc):
-                return None
-            raise StorageError(f"{key}: could not check ({_describe_error(exc)})") from None
-        return int(head["ContentLength"]), str(head.get("Metadata", {}).get("sha256", ""))
-
     async def open_stream(self, key: str) -> AsyncIterator[bytes]:
         full_key = self.full_key(key)
         s3 = await self._s3()
@@ -412,12 +338,18 @@ class S3Storage(Storage):
             raise StorageError(f"{key}: could not read ({_describe_error(exc)})") from None
         return _s3_chunks(answer["Body"])
 
-    async def presigned_url(self, key: str, expires_s: int = 60) -> str | None:
+    async def presigned_url(self, key: str, expires_s: int = 60, *, content_type: str | None = None,
+                            content_disposition: str | None = None) -> str | None:
         full_key = self.full_key(key)
         expires_s = max(1, min(int(expires_s), MAX_PRESIGN_S))
+        params = {"Bucket": self.bucket, "Key": full_key}
+        # S3 answers with these instead of the stored object's own headers.
+        if content_type is not None:
+            params["ResponseContentType"] = content_type
+        if content_disposition is not None:
+            params["ResponseContentDisposition"] = content_disposition
         s3 = await self._s3()
-        return await s3.generate_presigned_url(
-            "get_object", Params={"Bucket": self.bucket, "Key": full_key}, ExpiresIn=expires_s)
+        return await s3.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_s)
 
 
 async def _s3_chunks(body: Any) -> AsyncIterator[bytes]:
@@ -462,15 +394,42 @@ def _describe_error(exc: Exception) -> str:
 
 # --------------------------------------------------------------------------- choosing one
 
-def open_storage(storage_url: str, *, s3_endpoint_url: str | None = None) -> Storage:
-    """FileStorage for file:///abs/path, S3Storage for s3://bucket[/prefix]."""
+class StorageUrlError(ValueError):
+    """STORAGE_URL is not one we can use; the message is one line naming the fix."""
+
+
+@dataclass(frozen=True)
+class FileLocation:
+    root: str  # absolute, percent-decoded
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str  # without surrounding slashes; "" for the bucket's root
+
+
+def parse_storage_url(storage_url: str) -> FileLocation | S3Location:
+    """Where STORAGE_URL says outputs live: file:///abs/path or s3://bucket[/prefix].
+    The one check of STORAGE_URL: the configuration and open_storage both use it."""
     parts = urlsplit(storage_url or "")
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise ValueError("STORAGE_URL file:// needs an absolute path, like file:///var/lib/longcall")
-        return FileStorage(unquote(parts.path))
+            raise StorageUrlError("STORAGE_URL file:// needs an absolute path, like file:///var/lib/longcall")
+        return FileLocation(unquote(parts.path))
     if parts.scheme == "s3":
         if not parts.netloc:
-            raise ValueError("STORAGE_URL s3:// needs a bucket, like s3://bucket/prefix")
-        return S3Storage(parts.netloc, parts.path, endpoint_url=s3_endpoint_url)
-    raise ValueError("STORAGE_URL must be file:// or s3://")
+            raise StorageUrlError("STORAGE_URL s3:// needs a bucket, like s3://bucket/prefix")
+        if not _BUCKET.match(parts.netloc):
+            raise StorageUrlError("STORAGE_URL s3:// bucket names are 3-63 lowercase letters, digits, '.' or '-'")
+        return S3Location(parts.netloc, parts.path.strip("/"))
+    raise StorageUrlError("STORAGE_URL must be file:// or s3://")
+
+
+def open_storage(storage_url: str, *, s3_endpoint_url: str | None = None) -> Storage:
+    """FileStorage for file:///abs/path, S3Storage for s3://bucket[/prefix]
+    (StorageUrlError, a ValueError, for anything else)."""
+    location = parse_storage_url(storage_url)
+    if isinstance(location, FileLocation):
+        return FileStorage(location.root)
+    return S3Storage(location.bucket, location.prefix, endpoint_url=s3_endpoint_url)

@@ -5,8 +5,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from download_servers import PeakRss, RunningApp, start_app, stop_app
 
+from tests.download.download_servers import PeakRss, RunningApp, start_app, stop_app
 from tests.support.raw_server import serve_raw  # noqa: F401 (a fixture)
 
 

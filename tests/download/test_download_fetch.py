@@ -9,7 +9,6 @@ import socket
 import time
 
 import pytest
-from download_servers import start_app, stop_app
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
@@ -22,6 +21,7 @@ from app.download import (
     Refused,
     download_to_file,
 )
+from tests.download.download_servers import start_app, stop_app
 
 MiB = 1024 * 1024
 BLOCK = bytes(range(256)) * (MiB // 256)
@@ -141,7 +141,8 @@ async def test_empty_body_and_exactly_the_cap(outputs, tmp_path):
 
 async def test_declared_length_over_the_cap_fails_early(outputs, tmp_path):
     with pytest.raises(OutputTooLarge):
-        await download_to_file(f"{outputs.url}/bytes/{20 * MiB}", plain_policy(outputs.url, max_bytes=MiB), str(tmp_path))
+        await download_to_file(f"{outputs.url}/bytes/{20 * MiB}", plain_policy(outputs.url, max_bytes=MiB),
+                               str(tmp_path))
     assert leftovers(tmp_path) == []
 
 
@@ -394,7 +395,7 @@ async def test_server_that_never_answers_times_out(serve_raw, tmp_path):
     raw = await serve_raw(silent)
     started = time.monotonic()
     with pytest.raises(DownloadError, match="timed out"):
-        await download_to_file(f"{raw.url}/o", plain_policy(raw.url, read_timeout_s=0.3), str(tmp_path))
+        await download_to_file(f"{raw.url}/o", plain_policy(raw.url, stall_timeout_s=0.3), str(tmp_path))
     assert time.monotonic() - started < 2
     assert leftovers(tmp_path) == []
 
@@ -408,7 +409,7 @@ async def test_body_that_stalls_times_out(serve_raw, tmp_path):
     raw = await serve_raw(stall)
     started = time.monotonic()
     with pytest.raises(DownloadError, match="timed out"):
-        await download_to_file(f"{raw.url}/o", plain_policy(raw.url, read_timeout_s=0.3), str(tmp_path))
+        await download_to_file(f"{raw.url}/o", plain_policy(raw.url, stall_timeout_s=0.3), str(tmp_path))
     assert time.monotonic() - started < 2
     assert leftovers(tmp_path) == []
 
@@ -424,7 +425,7 @@ async def test_trickle_hits_the_total_timeout(serve_raw, tmp_path):
     raw = await serve_raw(trickle)
     started = time.monotonic()
     with pytest.raises(DownloadError, match="longer than"):
-        await download_to_file(f"{raw.url}/o", plain_policy(raw.url, read_timeout_s=5, total_timeout_s=0.4),
+        await download_to_file(f"{raw.url}/o", plain_policy(raw.url, stall_timeout_s=5, total_timeout_s=0.4),
                                str(tmp_path))
     assert time.monotonic() - started < 2
     assert leftovers(tmp_path) == []

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.proof.bench import GROUPS, fmt
+from proof.bench import GROUPS, fmt
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ROW_KEYS = {"ingest", "ingest_latency", "create", "reads", "reads_latency", "drain", "e2e", "e2e_latency",

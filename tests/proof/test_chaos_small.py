@@ -10,11 +10,11 @@ import hashlib
 import os
 
 from app.domain import jobs
-from app.proof import invariants
-from app.proof.chaos import ChaosConfig, run_chaos
 from app.simulator.outputs import output_bytes_iter, output_sha256
 from app.storage import FileStorage, object_key
 from app.vocabulary import JobStatus
+from proof import invariants
+from proof.chaos import ChaosConfig, run_chaos
 
 
 async def test_small_chaos_run_keeps_every_invariant():
@@ -53,7 +53,7 @@ async def _succeeded_job(pool, storage: FileStorage, owner_id: str, n: int) -> s
     async with pool.acquire() as conn:
         assert await jobs.begin_submit(conn, job_id)
         assert await jobs.save_task(conn, job_id, task_id=task_id, operation=None, webhook_secret=b"x",
-                                    callback_registered=True, first_check_after_s=30) == "running"
+                                    callback_registered=True, first_check_after_s=30) is jobs.Saved.RUNNING
         key = object_key(owner_id, job_id, 0)
         path = os.path.join(storage.root, "upload")
         with open(path, "wb") as f:

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from support.simulator import RunningSimulator, clear_faults, set_faults, stats
+from tests.support.simulator import RunningSimulator, clear_faults, set_faults, stats
 
 from app.providers.base import (
     Observation,

@@ -32,6 +32,15 @@ async def read_all(storage, key: str) -> bytes:
     return b"".join([chunk async for chunk in chunks])
 
 
+async def stored(storage, key: str) -> tuple[int, str] | None:
+    """Size and sha256 of the object as read back, or None when there is none."""
+    try:
+        data = await read_all(storage, key)
+    except ObjectNotFound:
+        return None
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
 @pytest.fixture
 def storage(tmp_path):
     return FileStorage(str(tmp_path / "objects"))
@@ -50,9 +59,7 @@ async def test_round_trip(storage, sources):
     key = object_key("own_1", "job_0123456789abcdef01234567", 0)
     await storage.put_file(key, path, "image/png", sha, len(data))
 
-    assert await storage.exists(key) == (len(data), sha)
     assert await read_all(storage, key) == data
-    assert await storage.content_type(key) == "image/png"
     assert await storage.presigned_url(key) is None
     assert os.path.exists(path), "the source file is the caller's"
     stored = os.path.join(storage.root, "outputs", "own_1", "job_0123456789abcdef01234567", "0")
@@ -67,11 +74,10 @@ async def test_overwrite_same_key(storage, sources):
     await storage.put_file(key, first, "text/plain", first_sha, 13)
     await storage.put_file(key, second, None, second_sha, 22)
 
-    assert await storage.exists(key) == (22, second_sha)
+    assert await stored(storage, key) == (22, second_sha)
     assert await read_all(storage, key) == b"second, longer version"
-    assert await storage.content_type(key) is None
-    # Only the object and its metadata: no temp files left behind.
-    assert sorted(os.listdir(os.path.dirname(storage.path_of(key)))) == [".1.meta", "1"]
+    # Only the object: no temp files left behind.
+    assert os.listdir(os.path.dirname(storage.path_of(key))) == ["1"]
 
 
 async def test_readers_never_see_a_partial_object(storage, sources):
@@ -98,7 +104,7 @@ async def test_readers_never_see_a_partial_object(storage, sources):
         watcher.join()
     assert seen <= {MiB, 24 * MiB}, f"saw partial sizes {sorted(seen - {MiB, 24 * MiB})}"
     assert MiB in seen
-    assert await storage.exists(key) == (24 * MiB, new_sha)
+    assert await stored(storage, key) == (24 * MiB, new_sha)
 
 
 async def test_an_open_stream_keeps_reading_the_version_it_opened(storage, sources):
@@ -125,8 +131,8 @@ async def test_mismatched_file_is_refused_and_the_old_object_kept(storage, sourc
     with pytest.raises(StorageError) as info:
         await storage.put_file(key, bad, None, claimed_sha or bad_sha, claimed_size)
     assert "outputs/o/j/0" in str(info.value)
-    assert await storage.exists(key) == (4, good_sha)
-    assert sorted(os.listdir(os.path.dirname(storage.path_of(key)))) == [".0.meta", "0"]
+    assert await stored(storage, key) == (4, good_sha)
+    assert os.listdir(os.path.dirname(storage.path_of(key))) == ["0"]
 
 
 async def test_missing_source_is_a_storage_error(storage, sources):
@@ -135,22 +141,8 @@ async def test_missing_source_is_a_storage_error(storage, sources):
 
 
 async def test_missing_object(storage):
-    assert await storage.exists("outputs/o/j/0") is None
     with pytest.raises(ObjectNotFound):
         await storage.open_stream("outputs/o/j/0")
-
-
-async def test_stale_metadata_is_not_trusted(storage, sources):
-    key = object_key("o", "j", 0)
-    path, sha = write_source(sources, "a", b"original")
-    await storage.put_file(key, path, None, sha, 8)
-    # The object file is replaced behind our back (a crash between renames,
-    # a restore from backup): same size, other bytes, another inode.
-    replacement = storage.path_of(key) + ".restore"
-    with open(replacement, "wb") as f:
-        f.write(b"restored")
-    os.replace(replacement, storage.path_of(key))
-    assert await storage.exists(key) == (8, hashlib.sha256(b"restored").hexdigest())
 
 
 @pytest.mark.parametrize("key", [
@@ -162,7 +154,7 @@ async def test_keys_cannot_escape_or_collide(storage, sources, key):
     with pytest.raises(ValueError):
         await storage.put_file(key, path, None, sha, 1)
     with pytest.raises(ValueError):
-        await storage.exists(key)
+        await storage.open_stream(key)
 
 
 async def test_bad_sha256_or_size_arguments(storage, sources):
@@ -211,7 +203,7 @@ def test_open_storage_refuses_bad_urls(url):
 async def test_a_directory_is_not_an_object(storage, sources):
     path, sha = write_source(sources, "a", b"x")
     await storage.put_file("outputs/o/j/0", path, None, sha, 1)
-    assert await storage.exists("outputs/o/j") is None
     with pytest.raises(ObjectNotFound):
         await storage.open_stream("outputs/o/j")
-    assert await storage.exists("outputs/o/j/0/deeper") is None
+    with pytest.raises(ObjectNotFound):
+        await storage.open_stream("outputs/o/j/0/deeper")

@@ -30,10 +30,10 @@ from app import ids
 from app.domain import owners
 from app.embedded import EmbeddedPostgres, free_port
 from app.migrate import migrate
-from app.proof.bench_load import write_requests
 from app.signing.secretbox import SecretBox
+from proof.bench_load import write_requests
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]  # holds app/ and proof/
 SECRET_KEY = "bench-secret-key-" + "0" * 16
 WEBHOOK_SECRET = "bench-webhook-secret-0123456789"  # every bench job's t/v1 secret (encrypted per job)
 SETTLER_ROLE = "bench_settler"  # pg_stat_statements has no application name: a role tells statements apart
@@ -208,7 +208,7 @@ class Env:
         elif name == "sim":
             argv = [py, "-m", "app.simulator", "--host", "127.0.0.1", "--port", str(self.port(name))]
         elif name == "baseline":
-            argv = [py, "-m", "app.proof.bench_baseline", "--port", str(self.port(name))]
+            argv = [py, "-m", "proof.bench_baseline", "--port", str(self.port(name))]
         else:
             argv = [py, "-m", "app", "settler", "--concurrency", str(kw.get("concurrency", 16))]
         proc = Proc(name, argv, env or self.child_env(), self.logs)
@@ -248,7 +248,7 @@ class Env:
         pg_before = self.postgres_cpu()
         since = self.snapshot()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "app.proof.bench_load", str(spec_path), cwd=REPO_ROOT,
+            sys.executable, "-m", "proof.bench_load", str(spec_path), cwd=REPO_ROOT,
             env=self.child_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), duration_s + warmup_s + 120)
         if proc.returncode != 0:

@@ -2,7 +2,7 @@
 
 A minimal Starlette endpoint on the same uvicorn settings as `longcall serve`
 that checks one t/v1 HMAC over the raw body and does one asyncpg upsert,
-then answers 204. `python -m app.proof.bench_baseline --port P` with
+then answers 204. `python -m proof.bench_baseline --port P` with
 DATABASE_URL and BENCH_WEBHOOK_SECRET in the environment. It takes the very
 same request bytes as our webhook route, so the two are compared on equal
 input.

@@ -1,4 +1,4 @@
-"""The provider HTTP client's own cost: `python -m app.proof.bench_http
+"""The provider HTTP client's own cost: `python -m proof.bench_http
 TRANSPORT URL REQUESTS CONCURRENCY` GETs URL with one httpx client, as the
 settler does, and prints one JSON line: requests/s and the client process's
 CPU per request. TRANSPORT is `ours` (app/http_transport.py) or `httpx`
@@ -23,8 +23,9 @@ def _cpu_s() -> float:
 
 
 async def measure(transport: str, url: str, requests: int, concurrency: int) -> dict:
-    extra = {"transport": AsyncioTransport()} if transport == "ours" else {}
-    async with httpx.AsyncClient(trust_env=False, timeout=30, **extra) as client:
+    # None: httpx's default transport.
+    chosen: httpx.AsyncBaseTransport | None = AsyncioTransport() if transport == "ours" else None
+    async with httpx.AsyncClient(trust_env=False, timeout=30, transport=chosen) as client:
         async def worker(n: int) -> None:
             for _ in range(n):
                 r = await client.get(url)

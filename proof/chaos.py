@@ -9,7 +9,7 @@ time out after creating the task, submit/status/download errors), some
 failing and some long tasks, client cancels and polling reads — while
 settlers and the web server are SIGKILLed at random and restarted, and
 PostgreSQL is restarted once. When every job has closed (or is `uncertain`)
-it checks every invariant (app/proof/invariants.py), prints a table, and
+it checks every invariant (proof/invariants.py), prints a table, and
 exits 1 on any violation.
 
 The client side survives the kills the way a careful client would: every
@@ -41,10 +41,10 @@ from typing import Any
 import httpx
 
 from app.embedded import EmbeddedPostgres, free_port
-from app.proof import invariants
-from app.proof.invariants import Check
+from proof import invariants
+from proof.invariants import Check
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]  # holds app/ and proof/
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 SETTLING = ("queued", "submitting", "running")  # `uncertain` waits for an operator, not for us
 
@@ -264,7 +264,8 @@ class LoadGenerator:
                  rng: random.Random):
         self.config, self.web_url, self.keys, self.plans, self.rng = config, web_url, keys, plans, rng
         self.record = ClientRecord()
-        self.answered = 0
+        self.answered = 0  # creates that got their final answer (or gave up)
+        self._answers = asyncio.Condition()
         self.creates_done_at: float | None = None  # monotonic time of the last create's answer
         self.followups: set[asyncio.Task] = set()
         self.poll_gate = asyncio.Semaphore(100)
@@ -295,6 +296,15 @@ class LoadGenerator:
         self.creates_done_at = time.monotonic()
         while self.followups:
             await asyncio.gather(*list(self.followups), return_exceptions=True)
+
+    async def until_answered(self, n: float) -> None:
+        async with self._answers:
+            await self._answers.wait_for(lambda: self.answered >= n)
+
+    async def _count_answer(self) -> None:
+        async with self._answers:
+            self.answered += 1
+            self._answers.notify_all()
 
     async def aclose(self) -> None:
         for task in list(self.followups):
@@ -331,11 +341,11 @@ class LoadGenerator:
                 self._expect_unavailable(f"key {plan.key}: create", r)
             if time.monotonic() > deadline:
                 self.record.unexpected.append(f"key {plan.key}: no answer to its create in 180 s")
-                self.answered += 1
+                await self._count_answer()
                 return
             self.record.create_retries += 1
             await asyncio.sleep(min(2.0, 0.1 * attempt) * (0.5 + self.rng.random()))
-        self.answered += 1
+        await self._count_answer()
         self.record.answers[f"create {r.status_code}"] += 1
         if r.status_code in (200, 202):
             job = r.json()
@@ -562,8 +572,8 @@ class Chaos:
         at = self.config.restart_postgres_at
         if at is None:
             return
-        while self.load is None or self.load.answered < at * self.config.jobs:
-            await asyncio.sleep(0.2)
+        assert self.load is not None, "the load starts before the restarter"
+        await self.load.until_answered(at * self.config.jobs)
         self.say("restarting PostgreSQL")
         self.pg_cpu_s += _postgres_cpu_s(self.pg)
         took = time.monotonic()

@@ -1,7 +1,7 @@
 """The benchmark's load generator, and the timing loops it shares with the
 in-process database baselines.
 
-Run as its own process (`python -m app.proof.bench_load SPEC.json`) so its
+Run as its own process (`python -m proof.bench_load SPEC.json`) so its
 CPU is not the server's: it reads pre-built raw HTTP/1.1 requests from a file
 (built by the parent, so no signing or JSON work happens while measuring),
 sends them over keep-alive connections with a small asyncio Protocol client

@@ -10,7 +10,7 @@ import time
 
 import asyncpg
 
-from app.proof.bench_load import percentile, run_closed, run_open
+from proof.bench_load import percentile, run_closed, run_open
 
 SKIP_LOCKED_BATCH = 500
 
@@ -63,16 +63,36 @@ async def skip_locked_drain(url: str, n: int) -> float:
 
 # --- procrastinate ---------------------------------------------------------------------
 
+class Arrivals:
+    """The defer → run latencies (s) the no-op task records, and a wait for a
+    number of them (the task runs on this event loop, in the worker)."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self._grown = asyncio.Condition()
+
+    async def add(self, latency: float) -> None:
+        async with self._grown:
+            self.latencies.append(latency)
+            self._grown.notify_all()
+
+    async def wait_for(self, n: int, timeout: float) -> None:
+        """Until `n` have arrived or `timeout` s have passed; `latencies` says how many did."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout), self._grown:
+                await self._grown.wait_for(lambda: len(self.latencies) >= n)
+
+
 def _procrastinate_app(url: str):
     import procrastinate
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
-    seen: list[float] = []
+    seen = Arrivals()
 
     @app.task(name="bench_noop", queue="bench")
     async def noop(sent_at: float = 0.0) -> None:
         if sent_at:
-            seen.append(time.time() - sent_at)
+            await seen.add(time.time() - sent_at)
 
     return app, noop, seen
 
@@ -141,13 +161,11 @@ async def procrastinate_latency(url: str, rate: float, duration_s: float, concur
             if wait > 0:
                 await asyncio.sleep(wait)
             await noop.defer_async(sent_at=time.time())
-        deadline = time.monotonic() + 30
-        while len(seen) < n and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await seen.wait_for(n, 30)
         worker.cancel()
         with contextlib.suppress(BaseException):
             await worker
-    lat = sorted(x * 1000 for x in seen)
+    lat = sorted(x * 1000 for x in seen.latencies)
     return {"n": len(lat), "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99)}
 
 

@@ -3,7 +3,7 @@ in the same run on the same PostgreSQL, printed as one table with ratios.
 
 Everything runs in a temp dir with its own durable embedded PostgreSQL; our
 servers are real processes (`longcall serve`, `longcall settler`, the
-simulator); HTTP load comes from a separate process (app/proof/bench_load.py).
+simulator); HTTP load comes from a separate process (proof/bench_load.py).
 Each figure is the median over `--rounds` rounds (3; 1 with `--quick`, which
 also shortens every window and shrinks every data set: a smoke test, not a
 measurement). Rows (`--only`): ingest, create, reads, drain, e2e, idle,
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -22,15 +23,16 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
 import psutil
 
-from app.proof import BENCH_GROUPS, bench_db
-from app.proof.bench_baseline import CREATE_TABLE
-from app.proof.bench_baseline import TABLE as HOOK_TABLE
-from app.proof.bench_baseline import UPSERT as HOOK_UPSERT
-from app.proof.bench_env import PROCRASTINATE_ROLE, SETTLER_ROLE, Env, Owner, http_request, webhook_requests
+from proof import BENCH_GROUPS, bench_db
+from proof.bench_baseline import CREATE_TABLE
+from proof.bench_baseline import TABLE as HOOK_TABLE
+from proof.bench_baseline import UPSERT as HOOK_UPSERT
+from proof.bench_env import PROCRASTINATE_ROLE, SETTLER_ROLE, Env, Owner, http_request, webhook_requests
 
 GROUPS = BENCH_GROUPS
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -138,7 +140,7 @@ def render_table(rows: list[Row]) -> str:
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
 
     def one(cols):
-        return " | ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()
+        return " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip()
 
     return "\n".join([one(head), "-+-".join("-" * w for w in widths), *(one(line) for line in lines)])
 
@@ -334,6 +336,13 @@ async def _settler(env: Env, p: Params) -> None:
     await env.wait_listening(proc=proc)
 
 
+async def _sim_request(env: Env, method: str, path: str, **kwargs) -> httpx.Response:
+    """One call to the simulator's own API; async, so the event loop (which
+    may be timing something meanwhile) never waits on it."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{env.port('sim')}", timeout=10) as client:
+        return await client.request(method, path, **kwargs)
+
+
 async def _wait_until(check, timeout: float, what: str, interval: float = 0.02) -> None:
     deadline = time.monotonic() + timeout
     while not await check():
@@ -404,7 +413,7 @@ async def bench_e2e(env: Env, p: Params) -> list[Row]:
         say(f"e2e round {r + 1}/{p.rounds}")
         env.stop("settler")
         await env.reset()
-        httpx.post(f"http://127.0.0.1:{env.port('sim')}/_sim/reset", timeout=10)
+        await _sim_request(env, "POST", "/_sim/reset")
         await _settler(env, p)
         m = p.e2e_jobs
         owner = await env.owner(credits=m, max_active=m)
@@ -416,7 +425,7 @@ async def bench_e2e(env: Env, p: Params) -> list[Row]:
         created = await env.load(env.port("web"), _create_requests(owner, m, 0.0), mode="closed",
                                  connections=p.concurrency, duration_s=600, warmup_s=0)
         _expect(created, "202", "e2e creates")
-        await _wait_until(lambda: _count_is(env, m), 120 + m / 10, "every e2e job to finish", 0.05)
+        await _wait_until(functools.partial(_count_is, env, m), 120 + m / 10, "every e2e job to finish", 0.05)
         span = await env.pool.fetchrow(
             "select count(*) filter (where status = 'succeeded') as ok, "
             "extract(epoch from max(finished_at) - min(created_at)) as s from jobs")
@@ -424,7 +433,7 @@ async def bench_e2e(env: Env, p: Params) -> list[Row]:
             raise RuntimeError(f"only {span['ok']} of {m} e2e jobs succeeded")
         ours.values.append(m / float(span["s"]))
         others.append(env.others_share(since))
-        stats = httpx.get(f"http://127.0.0.1:{env.port('sim')}/_sim/stats", timeout=10).json()
+        stats = (await _sim_request(env, "GET", "/_sim/stats")).json()
         if r == 0:
             cpu = {w: (env.procs[w].cpu() - cpu0[w]) / m * 1e6 for w in watch}
             cpu["postgres"] = (env.postgres_cpu() - pg0) / m * 1e6
@@ -696,8 +705,8 @@ async def bench_http(env: Env, p: Params) -> list[Row]:
     default transport (anyio), each in a fresh process, alternating, GETting
     a simulator task's status as the settle step does."""
     await env.start("sim")
-    created = httpx.post(f"http://127.0.0.1:{env.port('sim')}/v1/tasks", timeout=10,
-                         json={"model": "bench", "input": {"duration_s": 0}}).json()
+    created = (await _sim_request(env, "POST", "/v1/tasks",
+                                  json={"model": "bench", "input": {"duration_s": 0}})).json()
     url = f"http://127.0.0.1:{env.port('sim')}/v1/tasks/{created['id']}"
     ours, default = Measure("ours"), Measure("httpx default transport (anyio)")
     ours_rate, default_rate = [], []
@@ -705,7 +714,7 @@ async def bench_http(env: Env, p: Params) -> list[Row]:
         say(f"http round {r + 1}/{p.rounds}")
         for transport, measure, rates in (("ours", ours, ours_rate), ("httpx", default, default_rate)):
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "app.proof.bench_http", transport, url, str(p.http_requests),
+                sys.executable, "-m", "proof.bench_http", transport, url, str(p.http_requests),
                 str(p.concurrency), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             out, err = await proc.communicate()
             if proc.returncode != 0:
@@ -763,9 +772,9 @@ async def run(params: Params, groups: list[str], json_path: str | None, quick: b
     if failed:
         print(f"\nFAILED rows: {', '.join(failed)} (see stderr)")
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"machine": machine_info(), "params": asdict(params), "failed": failed,
-                       "rows": [r.as_json() for r in rows]}, f, indent=2, default=str)
+        text = json.dumps({"machine": machine_info(), "params": asdict(params), "failed": failed,
+                           "rows": [r.as_json() for r in rows]}, indent=2, default=str)
+        await asyncio.to_thread(Path(json_path).write_text, text)
     return 1 if failed else 0
 
 
