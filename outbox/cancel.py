@@ -5,10 +5,11 @@ provider's compute."""
 from __future__ import annotations
 
 from app.domain import jobs
-from app.providers.base import ProviderError, Task
-from outbox import policy
+from app.domain.record import JobRecord
+from app.providers.base import ProviderError
+from outbox import decide
 from outbox.context import Context
-from outbox.outcome import DONE, Later, Outcome
+from outbox.outcome import DONE, Outcome
 
 
 async def cancel(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
@@ -16,15 +17,16 @@ async def cancel(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     if job is None:
         async with ctx.pool.acquire() as conn:
             job = await jobs.load(conn, job_id)
-    if job is None or job["provider_task_id"] is None:
+    record = JobRecord.from_row(job) if job is not None else None
+    if record is None or record.provider_task_id is None:
         # No task id saved (yet): a submit still out saves it on return and
         # queues this intent again.
         return DONE
-    provider = ctx.providers[job["provider"]]
+    provider = ctx.providers[record.provider]
     try:
-        await provider.cancel(Task(job["provider_task_id"], job["provider_operation"], job["model"]))
+        await provider.cancel(record.task)
     except ProviderError as e:
         ctx.metrics.provider_call(provider.name, "cancel", "error")
-        return Later(policy.backoff(attempts), failed=True, reason=f"cancel: {e}")
+        return decide.later(decide.Retry(attempts, f"cancel: {e}"))
     ctx.metrics.provider_call(provider.name, "cancel", "ok")
     return DONE

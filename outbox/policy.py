@@ -1,5 +1,6 @@
 """Pure decisions of the settler: backoff and attempt caps (when to look
-again at a running task is in outbox/roads/timers.py).
+again at a running task is in outbox/roads/timers.py; what each step does
+with what the provider said is in outbox/decide.py).
 No I/O here; tests call these directly."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import random
 # an intent gives up: the job then fails with a refund (settle_exhausted).
 MAX_ATTEMPTS = {"submit": 8, "settle": 10, "cancel": 5}
 NOT_YET_SUBMITTED_RETRY_S = 2.0  # settle asked before the task id is saved
+HOST_BUSY_RETRY_S = 5.0  # an output's host had no download place free: look again (no failure)
 IN_DOUBT_FIND_ATTEMPTS = 3  # look an in-doubt submit up this often before `uncertain`
 
 

@@ -12,6 +12,7 @@ and acts on what the provider says now:
   secret and drop the intent.
 
 A failed download or write moves no money: the intent comes back later.
+What to do in each case is decided in outbox/decide.py; this is the I/O.
 """
 from __future__ import annotations
 
@@ -20,16 +21,16 @@ import logging
 import os
 import time
 
-from app.domain import jobs, states
-from app.download import DownloadError, OutputTooLarge, Refused, download_to_file
+from app.domain import jobs
+from app.domain.record import JobRecord
+from app.download import DownloadError, download_to_file
 from app.metrics import DOWNLOAD_BYTES, SETTLE_SECONDS
-from app.providers.base import Observation, ProviderError, Task, TaskState
+from app.providers.base import Observation, ProviderError
 from app.storage import object_key
-from app.vocabulary import TERMINAL, JobError, JobStatus
-from outbox import policy
+from app.vocabulary import JobStatus
+from outbox import decide
 from outbox.context import Context
-from outbox.outcome import DONE, Later, Outcome
-from outbox.roads import timers
+from outbox.outcome import DONE, Done, Outcome
 
 log = logging.getLogger("longcall.settler")
 
@@ -40,73 +41,63 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     if job is None:
         async with ctx.pool.acquire() as conn:
             job = await jobs.load(conn, job_id)
-    if job is None or job["status"] in TERMINAL:
+    record = JobRecord.from_row(job) if job is not None else None
+    if record is None:
         return DONE
-    if job["status"] in (JobStatus.QUEUED, JobStatus.SUBMITTING):
-        # A webhook can beat the saved task id: ask again in a moment.
-        return Later(policy.NOT_YET_SUBMITTED_RETRY_S, failed=False, reason="not submitted yet")
-    provider = ctx.providers[job["provider"]]
+    provider = ctx.providers[record.provider]
     now = dt.datetime.now(dt.UTC)
-    if job["status"] == JobStatus.UNCERTAIN:
-        # No task to ask about; only the deadline (or an operator) closes it.
-        if job["deadline_at"] <= now:
-            return await _close(ctx, job, JobStatus.EXPIRED, error_code=JobError.GIVE_UP,
-                                error_message="gave up on an uncertain submit", cancel=True)
-        return DONE
-    if job["deadline_at"] <= now:
-        return await _close(ctx, job, JobStatus.EXPIRED, error_code=JobError.GIVE_UP,
-                            error_message="the provider did not finish before the give-up deadline",
-                            cancel=True)
+    decision = decide.settle(record, None, now=now, attempts=attempts, facts=provider.facts)
+    if not isinstance(decision, decide.AskProvider):
+        return await _carry_out(ctx, record, provider, decision, attempts)
 
-    task = Task(task_id=job["provider_task_id"], operation=job["provider_operation"], model=job["model"])
+    seen: Observation | ProviderError
     try:
-        seen = await provider.status(task)
+        seen = await provider.status(record.task)
     except ProviderError as e:
         ctx.metrics.provider_call(provider.name, "status", "error")
-        return Later(policy.backoff(attempts), failed=True, reason=f"status: {e}")
-    ctx.metrics.provider_call(provider.name, "status", "ok")
-
-    if seen.state == TaskState.RUNNING:
-        delay = timers.next_check_delay(provider.facts, callback_registered=job["callback_registered"],
-                                        age_s=(now - job["created_at"]).total_seconds(),
-                                        seconds_to_deadline=(job["deadline_at"] - now).total_seconds())
-        return Later(delay, failed=False, reason="still running")
-    if seen.state in (TaskState.FAILED, TaskState.CANCELLED):
-        outcome = await _close(ctx, job, JobStatus.FAILED, error_code=JobError.PROVIDER_FAILED,
-                               error_message=seen.error or f"the provider reports the task {seen.state.value}")
+        seen = e
     else:
-        outcome = await _succeed(ctx, job, provider, seen, attempts)
-    SETTLE_SECONDS.labels(provider.name, type(outcome).__name__.lower()).observe(time.monotonic() - started)
+        ctx.metrics.provider_call(provider.name, "status", "ok")
+    decision = decide.settle(record, seen, now=now, attempts=attempts, facts=provider.facts)
+    outcome = await _carry_out(ctx, record, provider, decision, attempts)
+    if isinstance(decision, (decide.Close, decide.StoreOutputs)):
+        SETTLE_SECONDS.labels(provider.name, type(outcome).__name__.lower()).observe(time.monotonic() - started)
     return outcome
 
 
-async def _succeed(ctx: Context, job, provider, seen: Observation, attempts: int) -> Outcome:
-    job_id, owner_id = job["id"], job["owner_id"]
+async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.SettleDecision,
+                     attempts: int) -> Outcome:
+    if isinstance(decision, Done):
+        return decision
+    if isinstance(decision, (decide.Wait, decide.Retry)):
+        return decide.later(decision)
+    if isinstance(decision, decide.Close):
+        return await _close(ctx, job, decision)
+    if isinstance(decision, decide.StoreOutputs):
+        return await _succeed(ctx, job, provider, decision, attempts)
+    raise TypeError(f"a settle step cannot carry out {decision!r}")
+
+
+async def _succeed(ctx: Context, job: JobRecord, provider, store: decide.StoreOutputs, attempts: int) -> Outcome:
     downloaded = []
     try:
         policy_ = ctx.download_policy(provider)
-        for index, url in enumerate(seen.output_urls):
+        for index, url in enumerate(store.urls):
             try:
                 got = await download_to_file(url, policy_, ctx.download_dir)
-            except OutputTooLarge as e:
-                return await _close(ctx, job, JobStatus.FAILED, error_code=JobError.OUTPUT_TOO_LARGE,
-                                    error_message=str(e))
-            except Refused as e:
-                # Policy, not luck: asking again can never succeed.
-                return await _close(ctx, job, JobStatus.FAILED, error_code=JobError.OUTPUT_REFUSED,
-                                    error_message=str(e))
             except DownloadError as e:
-                return Later(policy.backoff(attempts), failed=True, reason=f"download {index}: {e}")
+                return await _carry_out(ctx, job, provider, decide.after_download_error(index, e, attempts),
+                                        attempts)
             downloaded.append(got)
             DOWNLOAD_BYTES.observe(got.bytes)
         assets = []
         for index, got in enumerate(downloaded):
-            key = object_key(owner_id, job_id, index)
+            key = object_key(job.owner_id, job.id, index)
             try:
                 await ctx.storage.put_file(key, got.path, got.content_type, got.sha256, got.bytes)
             except Exception as e:  # storage down: keep the intent, move no money
-                log.warning("storage write failed", extra={"job_id": job_id, "error": type(e).__name__})
-                return Later(policy.backoff(attempts), failed=True, reason=f"store {index}: {type(e).__name__}")
+                log.warning("storage write failed", extra={"job_id": job.id, "error": type(e).__name__})
+                return decide.later(decide.after_store_error(index, e, attempts))
             assets.append(jobs.Asset(index, key, got.bytes, got.sha256, got.content_type))
     finally:
         for got in downloaded:
@@ -114,23 +105,21 @@ async def _succeed(ctx: Context, job, provider, seen: Observation, attempts: int
                 os.unlink(got.path)
             except FileNotFoundError:
                 pass
-    charge = states.charge_for(job["credits_reserved"], seen.cost)
     async with ctx.pool.acquire() as conn:
-        closed = await jobs.close(conn, job_id, JobStatus.SUCCEEDED, charge=charge, assets=assets)
+        closed = await jobs.close(conn, job.id, JobStatus.SUCCEEDED, charge=store.charge, assets=assets)
     if closed is not None:
         ctx.metrics.job_finished(provider.name, JobStatus.SUCCEEDED, closed)
-        log.info("job succeeded", extra={"job_id": job_id, "owner": owner_id, "provider": provider.name,
+        log.info("job succeeded", extra={"job_id": job.id, "owner": job.owner_id, "provider": provider.name,
                                          "charged": closed.charged, "outputs": len(assets)})
     return DONE
 
 
-async def _close(ctx: Context, job, status: str, *, error_code: str, error_message: str,
-                 cancel: bool = False) -> Outcome:
+async def _close(ctx: Context, job: JobRecord, close: decide.Close) -> Outcome:
     async with ctx.pool.acquire() as conn:
-        closed = await jobs.close(conn, job["id"], status, error_code=error_code,
-                                  error_message=error_message, cancel_at_provider=cancel)
+        closed = await jobs.close(conn, job.id, close.status, error_code=close.error_code,
+                                  error_message=close.message, cancel_at_provider=close.cancel_at_provider)
     if closed is not None:
-        ctx.metrics.job_finished(job["provider"], status, closed)
-        log.info("job closed", extra={"job_id": job["id"], "owner": job["owner_id"],
-                                      "provider": job["provider"], "status": status, "error_code": error_code})
+        ctx.metrics.job_finished(job.provider, close.status, closed)
+        log.info("job closed", extra={"job_id": job.id, "owner": job.owner_id, "provider": job.provider,
+                                      "status": close.status, "error_code": close.error_code})
     return DONE

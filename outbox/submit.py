@@ -6,6 +6,7 @@ before anything else happens. A call whose outcome is unknown is never
 repeated blindly: an idempotent provider is simply asked again; otherwise the
 task is looked up by our job id (`find`), and failing that the job becomes
 `uncertain`, keeping its reservation, for an operator to resolve.
+What to do in each case is decided in outbox/decide.py; this is the I/O.
 """
 from __future__ import annotations
 
@@ -13,12 +14,11 @@ import datetime as dt
 import logging
 
 from app.domain import jobs
-from app.providers.base import Rejected, SubmitRequest, Submitted, Transient, Uncertain
-from app.vocabulary import JobError, JobStatus
-from outbox import policy
+from app.domain.record import JobRecord
+from app.providers.base import ProviderError, Rejected, SubmitRequest, Submitted, Transient, Uncertain
+from outbox import decide
 from outbox.context import Context
-from outbox.outcome import DONE, Later, Outcome
-from outbox.roads import timers
+from outbox.outcome import DONE, Outcome
 
 log = logging.getLogger("longcall.settler")
 
@@ -26,84 +26,87 @@ log = logging.getLogger("longcall.settler")
 async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     # `job` is not used: the claim of the job (queued -> submitting) reads it.
     async with ctx.pool.acquire() as conn:
-        job = await jobs.begin_submit(conn, job_id)
-    if job is None:  # cancelled, already submitted, or gone: nothing to send
+        row = await jobs.begin_submit(conn, job_id)
+    if row is None:  # cancelled, already submitted, or gone: nothing to send
         return DONE
-    provider = ctx.providers[job["provider"]]
-    if job["deadline_at"] <= dt.datetime.now(dt.UTC):
-        async with ctx.pool.acquire() as conn:
-            closed = await jobs.close(conn, job_id, JobStatus.EXPIRED, error_code=JobError.GIVE_UP,
-                                      error_message="the give-up deadline passed before the job was submitted",
-                                      cancel_at_provider=True)
-        ctx.metrics.job_finished(provider.name, JobStatus.EXPIRED, closed)
-        return DONE
-    request = SubmitRequest(job_id=job_id, model=job["model"], input=job["input"],
+    record = JobRecord.from_row(row)
+    provider = ctx.providers[record.provider]
+    request = SubmitRequest(job_id=job_id, model=record.model, input=record.input,
                             callback_url=ctx.settings.callback_url(provider.name, job_id))
+    facts, callback_url = provider.facts, request.callback_url
 
-    if job["was_in_doubt"] and not provider.facts.idempotent_submit:
-        # An earlier call never got an answer (the settler died, or the
-        # provider timed out): the task may exist. Look, don't submit.
-        return await _recover_in_doubt(ctx, job, provider, request)
-
-    try:
-        submitted = await provider.submit(request, idempotency_key=job_id)
-    except Rejected as e:
-        ctx.metrics.provider_call(provider.name, "submit", "rejected")
-        async with ctx.pool.acquire() as conn:
-            closed = await jobs.close(conn, job_id, JobStatus.FAILED, error_code=JobError.SUBMIT_REJECTED,
-                                      error_message=str(e))
-        ctx.metrics.job_finished(provider.name, JobStatus.FAILED, closed)
-        return DONE
-    except Transient as e:
-        ctx.metrics.provider_call(provider.name, "submit", "transient")
-        async with ctx.pool.acquire() as conn:
-            await jobs.submit_settled(conn, job_id, f"submit: {e}")
-        return Later(e.retry_after or policy.backoff(attempts), failed=True, reason=str(e))
-    except Uncertain as e:
-        ctx.metrics.provider_call(provider.name, "submit", "uncertain")
-        async with ctx.pool.acquire() as conn:
-            await jobs.note_error(conn, job_id, f"submit outcome unknown: {e}")
-        if provider.facts.idempotent_submit:
-            # The same key returns the same task: asking again is safe.
-            return Later(policy.backoff(attempts), failed=True, reason=str(e))
-        return await _recover_in_doubt(ctx, job, provider, request)
-    ctx.metrics.provider_call(provider.name, "submit", "ok")
-    return await _save(ctx, job, provider, request, submitted)
-
-
-async def _recover_in_doubt(ctx: Context, job, provider, request: SubmitRequest) -> Outcome:
-    job_id = job["id"]
-    if provider.facts.can_find and request.callback_url:
+    decision: decide.SubmitDecision = decide.submit(record, None, now=_now(), attempts=attempts, facts=facts,
+                                                    callback_url=callback_url)
+    if isinstance(decision, decide.Send):
+        result = await _send(ctx, record, provider, request)
+        decision = decide.submit(record, result, now=_now(), attempts=attempts, facts=facts,
+                                 callback_url=callback_url)
+    if isinstance(decision, decide.LookUp):
+        found: Submitted | Transient | None
         try:
             found = await provider.find(request)
         except Transient as e:
-            return Later(policy.backoff(job["submit_attempts"]), failed=True, reason=str(e))
-        if found is not None:
-            return await _save(ctx, job, provider, request, found)
-        if job["submit_attempts"] < policy.IN_DOUBT_FIND_ATTEMPTS:
-            # Not listed yet may only mean not listed *yet*: look again.
-            return Later(policy.backoff(job["submit_attempts"]), failed=False, reason="not found yet")
-    async with ctx.pool.acquire() as conn:
-        await jobs.mark_uncertain(conn, job_id, "the submit's outcome is unknown and the task could not be looked up")
-    log.warning("job uncertain", extra={"job_id": job_id, "provider": provider.name})
-    return DONE
+            found = e
+        decision = decide.after_find(record, found, now=_now(), facts=facts, callback_url=callback_url)
+    return await _carry_out(ctx, record, provider, decision)
 
 
-async def _save(ctx: Context, job, provider, request: SubmitRequest, submitted: Submitted) -> Outcome:
-    job_id = job["id"]
-    secret = ctx.secretbox.encrypt(submitted.webhook_secret, job_id) if submitted.webhook_secret else None
-    registered = request.callback_url is not None
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+async def _send(ctx: Context, job: JobRecord, provider, request: SubmitRequest) -> Submitted | ProviderError:
+    """The paid call, and what its answer means for the job's record of
+    doubt: a definite refusal clears it; an unknown outcome keeps it."""
+    try:
+        submitted = await provider.submit(request, idempotency_key=job.id)
+    except Rejected as e:
+        ctx.metrics.provider_call(provider.name, "submit", "rejected")
+        return e
+    except Transient as e:
+        ctx.metrics.provider_call(provider.name, "submit", "transient")
+        async with ctx.pool.acquire() as conn:
+            await jobs.submit_settled(conn, job.id, f"submit: {e}")
+        return e
+    except Uncertain as e:
+        ctx.metrics.provider_call(provider.name, "submit", "uncertain")
+        async with ctx.pool.acquire() as conn:
+            await jobs.note_error(conn, job.id, f"submit outcome unknown: {e}")
+        return e
+    ctx.metrics.provider_call(provider.name, "submit", "ok")
+    return submitted
+
+
+async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.SubmitDecision) -> Outcome:
+    if isinstance(decision, decide.Close):
+        async with ctx.pool.acquire() as conn:
+            closed = await jobs.close(conn, job.id, decision.status, error_code=decision.error_code,
+                                      error_message=decision.message,
+                                      cancel_at_provider=decision.cancel_at_provider)
+        ctx.metrics.job_finished(provider.name, decision.status, closed)
+        return DONE
+    if isinstance(decision, decide.Retry):
+        return decide.later(decision)
+    if isinstance(decision, decide.Save):
+        return await _save(ctx, job, provider, decision)
+    if isinstance(decision, decide.MarkUncertain):
+        async with ctx.pool.acquire() as conn:
+            await jobs.mark_uncertain(conn, job.id, decision.reason)
+        log.warning("job uncertain", extra={"job_id": job.id, "provider": provider.name})
+        return DONE
+    raise TypeError(f"a submit step cannot carry out {decision!r}")
+
+
+async def _save(ctx: Context, job: JobRecord, provider, save: decide.Save) -> Outcome:
+    submitted = save.submitted
+    secret = ctx.secretbox.encrypt(submitted.webhook_secret, job.id) if submitted.webhook_secret else None
     async with ctx.pool.acquire() as conn:
         result = await jobs.save_task(
-            conn, job_id, task_id=submitted.task_id,
+            conn, job.id, task_id=submitted.task_id,
             operation=dict(submitted.operation) if submitted.operation else None,
-            webhook_secret=secret, callback_registered=registered,
-            # A task found again after an in-doubt submit may have finished
-            # long ago, its webhook refused while we had no task id: look now.
-            first_check_after_s=0.0 if job["was_in_doubt"] else timers.first_check_delay(
-                provider.facts, callback_registered=registered,
-                seconds_to_deadline=(job["deadline_at"] - dt.datetime.now(dt.UTC)).total_seconds()))
+            webhook_secret=secret, callback_registered=save.callback_registered,
+            first_check_after_s=save.first_check_after_s)
     if result == "closed":
         log.info("task saved on a closed job; provider cancel queued",
-                 extra={"job_id": job_id, "provider": provider.name})
+                 extra={"job_id": job.id, "provider": provider.name})
     return DONE

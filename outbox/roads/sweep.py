@@ -15,13 +15,17 @@ from dataclasses import dataclass, field
 from app.config import Settings
 from app.domain import jobs
 from app.metrics import SWEEP_FOUND, SWEEPS
-from app.vocabulary import JobError, JobStatus
-from outbox import intents
+from app.vocabulary import JobStatus
+from outbox import decide, intents
 
 log = logging.getLogger("longcall.sweep")
 
 # The partial index jobs_in_flight covers the status filter; the NOT EXISTS
-# probes the outbox's (job_id, kind) unique index.
+# probes the outbox's (job_id, kind) unique index. The deadline test on
+# `uncertain` only selects: expiring is decided by outbox/decide.give_up (the
+# one give-up rule), on the same clock, the statement's now(). (Arrays of
+# anything but text cost asyncpg a type introspection: deadlines are read
+# with the few jobs found, not returned here.)
 PROBE = """
 with found as (
     select j.id, j.status from jobs j
@@ -31,7 +35,7 @@ with found as (
                                 where o.job_id = j.id and o.kind in ('submit', 'settle')) end
     limit $1
 )
-select (select min(not_before) from outbox) as next_due,
+select (select min(not_before) from outbox) as next_due, now() as now,
        array(select id from found) as ids, array(select status from found) as statuses
 """
 BATCH = 1000
@@ -57,11 +61,15 @@ async def sweep_once(pool) -> SweepReport:
     if not probe["ids"]:
         return report
     async with pool.acquire() as conn:
-        for job_id, status in zip(probe["ids"], probe["statuses"]):
+        for job_id, status in zip(probe["ids"], probe["statuses"], strict=True):
             if status == JobStatus.UNCERTAIN:
-                closed = await jobs.close(conn, job_id, JobStatus.EXPIRED, error_code=JobError.GIVE_UP,
-                                          error_message="gave up on an uncertain submit",
-                                          cancel_at_provider=True)
+                row = await jobs.load(conn, job_id)
+                expire = decide.give_up(JobStatus.UNCERTAIN, row["deadline_at"], probe["now"]) if row else None
+                if expire is None:
+                    continue
+                closed = await jobs.close(conn, job_id, expire.status, error_code=expire.error_code,
+                                          error_message=expire.message,
+                                          cancel_at_provider=expire.cancel_at_provider)
                 if closed:
                     report.expired.append(job_id)
             elif status in (JobStatus.QUEUED, JobStatus.SUBMITTING):
@@ -82,7 +90,7 @@ async def sweep_once(pool) -> SweepReport:
 async def sweep_once_command(settings: Settings) -> int:
     from app import db
 
-    pool = await db.create_pool(settings.database_url, role="sweep", min_size=1, max_size=2)
+    pool = await db.create_pool(settings.dsn, role="sweep", min_size=1, max_size=2)
     try:
         report = await sweep_once(pool)
     finally:

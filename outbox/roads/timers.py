@@ -4,7 +4,8 @@ Every in-flight job carries its next status check as its settle intent's
 `not_before` — a row, not a sleeping coroutine, so it survives restarts. With
 a webhook registered the timer is the lost-webhook check; without, the
 provider's poll schedule. No timer ever runs past the give-up deadline, so
-the deadline is a timer too. The backstop sweep (sweep.py beside this file)
+the deadline is a timer too (what happens when it fires is the one give-up
+rule, outbox/decide.give_up). The backstop sweep (sweep.py beside this file)
 gives a timer to any in-flight job that lost its own.
 """
 from __future__ import annotations

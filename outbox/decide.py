@@ -1,0 +1,266 @@
+"""What the submit and settle steps decide, as plain functions with no I/O.
+
+Each function takes the job (a JobRecord), what the provider said (or the
+error class it raised), the clock and the provider's facts, and returns one
+small decision. The steps (outbox/submit.py, outbox/settle.py) are the I/O
+around them: load or claim the job, call the provider, ask here what to do,
+carry it out. tests/outbox/test_decide.py holds every rule to a table.
+
+Waits that back off carry the attempt, not a delay: the jitter is drawn only
+when a step carries the decision out (`later`), so the decisions are exact.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import random
+from dataclasses import dataclass
+
+from app.domain import states
+from app.domain.record import JobRecord
+from app.download_errors import DownloadError, HostBusy, OutputTooLarge, Refused
+from app.providers.base import (
+    Observation,
+    ProviderError,
+    ProviderFacts,
+    Rejected,
+    Submitted,
+    TaskState,
+    Transient,
+    Uncertain,
+)
+from app.vocabulary import TERMINAL, JobError, JobStatus
+from outbox import policy
+from outbox.outcome import DONE, Done, Later
+from outbox.roads import timers
+
+# --- the decisions ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Look again after `delay_s`: a normal durable wait, not a failure."""
+
+    delay_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Try again after the exponential backoff of try number `attempt`, or
+    after the provider's own hint `after_s`. `failed` counts toward the
+    intent's attempt cap."""
+
+    attempt: int
+    reason: str
+    failed: bool = True
+    after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Close:
+    """Make the job terminal (jobs.close), refunding all but a success's charge."""
+
+    status: JobStatus
+    error_code: JobError
+    message: str
+    cancel_at_provider: bool = False
+
+
+@dataclass(frozen=True)
+class AskProvider:
+    """Settle: ask the provider for the task's status, then decide again with its answer."""
+
+
+@dataclass(frozen=True)
+class StoreOutputs:
+    """Settle: the task succeeded. Copy every output into our storage, then
+    close the job succeeded, charged `charge`."""
+
+    urls: tuple[str, ...]
+    charge: int
+
+
+@dataclass(frozen=True)
+class Send:
+    """Submit: send the submit to the provider (idempotency key = job id)."""
+
+
+@dataclass(frozen=True)
+class LookUp:
+    """Submit: an earlier call may have created the task; look it up by our job id."""
+
+
+@dataclass(frozen=True)
+class Save:
+    """Submit: save the provider's task id (the job runs) with its first status check."""
+
+    submitted: Submitted
+    callback_registered: bool
+    first_check_after_s: float
+
+
+@dataclass(frozen=True)
+class MarkUncertain:
+    """Submit: the outcome is unknown and cannot be looked up: keep the
+    reservation and the identity, for a webhook or an operator to resolve."""
+
+    reason: str
+
+
+SettleDecision = Done | Wait | Retry | Close | AskProvider | StoreOutputs
+SubmitDecision = Close | Send | LookUp | Save | Retry | MarkUncertain
+FoundDecision = Save | Retry | MarkUncertain
+
+ASK_PROVIDER = AskProvider()
+SEND = Send()
+LOOK_UP = LookUp()
+
+
+# --- the one give-up rule ---------------------------------------------------------
+
+# One rule, one message per situation the job is in when it is given up.
+GIVE_UP_MESSAGES: dict[JobStatus, str] = {
+    JobStatus.QUEUED: "the give-up deadline passed before the job was submitted",
+    JobStatus.SUBMITTING: "the give-up deadline passed before the job was submitted",
+    JobStatus.RUNNING: "the provider did not finish before the give-up deadline",
+    JobStatus.UNCERTAIN: "gave up on an uncertain submit",
+}
+
+
+def give_up(status: JobStatus, deadline_at: dt.datetime, now: dt.datetime) -> Close | None:
+    """At its deadline (`deadline_at <= now`) a job in flight expires with a
+    full refund, and the provider is asked to stop any task it may have.
+    None: not yet (or the job is no longer in flight)."""
+    if status not in GIVE_UP_MESSAGES or deadline_at > now:
+        return None
+    return Close(JobStatus.EXPIRED, JobError.GIVE_UP, GIVE_UP_MESSAGES[status], cancel_at_provider=True)
+
+
+# --- settle -------------------------------------------------------------------------
+
+
+def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, now: dt.datetime,
+           attempts: int, facts: ProviderFacts) -> SettleDecision:
+    """`seen`: the provider's answer to a status call (or the error it
+    raised); None before the provider was asked."""
+    if job is None or job.status in TERMINAL:
+        return DONE
+    if job.status in (JobStatus.QUEUED, JobStatus.SUBMITTING):
+        # A webhook can beat the saved task id: ask again in a moment.
+        return Wait(policy.NOT_YET_SUBMITTED_RETRY_S, "not submitted yet")
+    expired = give_up(job.status, job.deadline_at, now)
+    if job.status == JobStatus.UNCERTAIN:
+        # No task to ask about; only the deadline (or a webhook, or an operator) closes it.
+        return expired or DONE
+    if expired:
+        return expired
+    if seen is None:
+        return ASK_PROVIDER
+    if isinstance(seen, ProviderError):
+        return Retry(attempts, f"status: {seen}")
+    if seen.state == TaskState.RUNNING:
+        return Wait(timers.next_check_delay(facts, callback_registered=job.callback_registered,
+                                            age_s=job.age_s(now), seconds_to_deadline=job.seconds_to_deadline(now)),
+                    "still running")
+    if seen.state in (TaskState.FAILED, TaskState.CANCELLED):
+        return Close(JobStatus.FAILED, JobError.PROVIDER_FAILED,
+                     seen.error or f"the provider reports the task {seen.state.value}")
+    return StoreOutputs(tuple(seen.output_urls), states.charge_for(job.credits_reserved, seen.cost))
+
+
+def after_download_error(index: int, error: DownloadError, attempts: int) -> Close | Retry | Wait:
+    """By class: too large or refused by policy can never succeed if asked
+    again; a host already serving its share of downloads is a wait that
+    counts as no failure (a stalled host must not exhaust its jobs'
+    attempts); any other download error (a new subclass included) is luck:
+    back off."""
+    if isinstance(error, OutputTooLarge):
+        return Close(JobStatus.FAILED, JobError.OUTPUT_TOO_LARGE, str(error))
+    if isinstance(error, Refused):
+        return Close(JobStatus.FAILED, JobError.OUTPUT_REFUSED, str(error))
+    if isinstance(error, HostBusy):
+        return Wait(policy.HOST_BUSY_RETRY_S, f"download {index}: {error}")
+    return Retry(attempts, f"download {index}: {error}")
+
+
+def after_store_error(index: int, error: Exception, attempts: int) -> Retry:
+    """Storage down: keep the intent, move no money. Only the class name is
+    kept: a storage error's text may carry a signed URL or a key."""
+    return Retry(attempts, f"store {index}: {type(error).__name__}")
+
+
+# --- submit -------------------------------------------------------------------------
+
+
+def submit(job: JobRecord, result: Submitted | ProviderError | None, *, now: dt.datetime, attempts: int,
+           facts: ProviderFacts, callback_url: str | None) -> SubmitDecision:
+    """`job`: as begin_submit claimed it. `result`: what the submit call
+    returned or raised; None before anything was sent."""
+    if result is None:
+        expired = give_up(job.status, job.deadline_at, now)
+        if expired:
+            return expired
+        if job.was_in_doubt and not facts.idempotent_submit:
+            # An earlier call never got an answer (the settler died, or the
+            # provider timed out): the task may exist. Look, don't submit.
+            return in_doubt(facts, callback_url)
+        return SEND
+    if isinstance(result, Submitted):
+        return _save(job, result, now=now, facts=facts, callback_url=callback_url)
+    if isinstance(result, Rejected):
+        return Close(JobStatus.FAILED, JobError.SUBMIT_REJECTED, str(result))
+    if isinstance(result, Transient):
+        # A zero hint is no hint: back off.
+        return Retry(attempts, str(result), after_s=result.retry_after or None)
+    if isinstance(result, Uncertain):
+        if facts.idempotent_submit:
+            # The same key returns the same task: asking again is safe.
+            return Retry(attempts, str(result))
+        return in_doubt(facts, callback_url)
+    raise TypeError(f"not a submit result: {type(result).__name__}")
+
+
+UNFINDABLE = "the submit's outcome is unknown and the task could not be looked up"
+
+
+def in_doubt(facts: ProviderFacts, callback_url: str | None) -> LookUp | MarkUncertain:
+    """A submit that may have created its task: look it up by our job id
+    (carried by the callback URL), or, when it cannot be looked up, uncertain."""
+    if facts.can_find and callback_url:
+        return LOOK_UP
+    return MarkUncertain(UNFINDABLE)
+
+
+def after_find(job: JobRecord, found: Submitted | Transient | None, *, now: dt.datetime, facts: ProviderFacts,
+               callback_url: str | None) -> FoundDecision:
+    """`found`: what the look-up returned (None: no such task) or raised.
+    Counted in submit attempts, so each look-up is one claim of the job."""
+    if isinstance(found, Transient):
+        return Retry(job.submit_attempts, str(found))
+    if found is not None:
+        return _save(job, found, now=now, facts=facts, callback_url=callback_url)
+    if job.submit_attempts < policy.IN_DOUBT_FIND_ATTEMPTS:
+        # Not listed yet may only mean not listed *yet*: look again.
+        return Retry(job.submit_attempts, "not found yet", failed=False)
+    return MarkUncertain(UNFINDABLE)
+
+
+def _save(job: JobRecord, submitted: Submitted, *, now: dt.datetime, facts: ProviderFacts,
+          callback_url: str | None) -> Save:
+    registered = callback_url is not None
+    # A task found again after an in-doubt submit may have finished long
+    # ago, its webhook refused while we had no task id: look now.
+    first = 0.0 if job.was_in_doubt else timers.first_check_delay(
+        facts, callback_registered=registered, seconds_to_deadline=job.seconds_to_deadline(now))
+    return Save(submitted, registered, first)
+
+
+# --- carrying a wait out ------------------------------------------------------------
+
+
+def later(decision: Wait | Retry, rng: random.Random | None = None) -> Later:
+    """The drain loop's outcome for a wait: here the backoff's jitter is drawn."""
+    if isinstance(decision, Wait):
+        return Later(decision.delay_s, failed=False, reason=decision.reason)
+    delay = decision.after_s if decision.after_s is not None else policy.backoff(decision.attempt, rng=rng)
+    return Later(delay, failed=decision.failed, reason=decision.reason)
