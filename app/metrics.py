@@ -1,9 +1,20 @@
 """Prometheus metrics. Counters where things count; gauges (outbox depth,
 oldest due intent) are computed only when scraped, so an idle system issues
-no queries for them."""
+no queries for them.
+
+`scrape` is the one /metrics endpoint: the web app routes to it, and the
+settler serves it alone (`metrics_app`, `--metrics-port`) without pulling in
+the web edge."""
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import asyncio
+import contextlib
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 JOBS_CREATED = Counter("longcall_jobs_created_total", "Jobs created", ["provider"])
 JOBS_FINISHED = Counter("longcall_jobs_finished_total", "Jobs that reached a terminal state",
@@ -24,7 +35,9 @@ SWEEPS = Counter("longcall_sweeps_total", "Backstop sweep passes")
 SWEEP_FOUND = Counter("longcall_sweep_found_total", "What the sweep found", ["what"])
 
 
-HTTP_REQUESTS = Counter("longcall_http_requests_total", "HTTP requests by route and status",
+# Bounded labels only (app/web/access_log.py): `route` is the matched route's
+# template or `other`, never a raw path a client could make unique.
+HTTP_REQUESTS = Counter("longcall_http_requests_total", "HTTP requests by method, route template and status",
                         ["method", "route", "status"])
 
 # Levels, read from the database only when /metrics is scraped.
@@ -62,6 +75,22 @@ async def collect_gauges(pool) -> None:
         else:
             JOBS_IN_FLIGHT.labels(r["label"]).set(r["n"])
     OUTBOX_OLDEST_DUE.set(oldest)
+
+
+async def scrape(request: Request) -> Response:
+    """GET /metrics; the app's state holds the database pool."""
+    # The counters are still worth serving when the gauges cannot be read.
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(5):
+            await collect_gauges(request.app.state.pool)
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+def metrics_app(pool) -> Starlette:
+    """The settler's own /metrics endpoint (`--metrics-port`)."""
+    app = Starlette(routes=[Route("/metrics", scrape, methods=["GET"])])
+    app.state.pool = pool
+    return app
 
 
 class Metrics:

@@ -19,9 +19,10 @@ import signal
 import time
 
 from app.config import Settings
-from app.db import OUTBOX_CHANNEL, connect
+from app.db import OUTBOX_CHANNEL
 from app.domain import jobs
-from app.metrics import INTENTS
+from app.listen import listen_forever
+from app.metrics import INTENTS, metrics_app
 from app.vocabulary import JobError, JobStatus
 from outbox import intents, policy
 from outbox.cancel import cancel
@@ -70,7 +71,7 @@ class Settler:
             self.next_wake = at
             self.wake.set()
 
-    def _on_notify(self, _conn, _pid, _channel, payload: str) -> None:
+    def _on_notify(self, payload: str) -> None:
         if not payload:
             self._due()
         else:
@@ -83,7 +84,10 @@ class Settler:
 
     # -- the loop ------------------------------------------------------------------
     async def run(self) -> None:
-        listener = asyncio.create_task(self._listen())
+        dsn = self.ctx.settings.dsn
+        # `_due` after each (re)connect: anything may have become due while no one listened.
+        listener = asyncio.create_task(listen_forever(dsn, OUTBOX_CHANNEL, self._on_notify, role="settler-listen",
+                                                      on_connected=self._due))
         leases = asyncio.create_task(self._keep_leases())
         finisher = asyncio.create_task(self._finish_batches())
         next_sweep = time.time() + (self.sweep_interval_s or 0)
@@ -235,25 +239,6 @@ class Settler:
         log.warning("intent exhausted", extra={"job_id": intent.job_id, "intent": intent.kind})
         return Done()
 
-    async def _listen(self) -> None:
-        while True:
-            conn = None
-            try:
-                conn = await connect(self.ctx.settings.database_url, role="settler-listen")
-                closed = asyncio.Event()
-                conn.add_termination_listener(lambda _c: closed.set())
-                await conn.add_listener(OUTBOX_CHANNEL, self._on_notify)
-                self._due()  # anything that became due while we were not listening
-                await closed.wait()
-            except asyncio.CancelledError:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.close(), 2)
-                raise
-            except Exception as e:
-                log.warning("outbox listener down; reconnecting", extra={"error": type(e).__name__})
-            await asyncio.sleep(1.0)
-
     async def _keep_leases(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
@@ -285,11 +270,15 @@ class Settler:
 async def _serve_metrics(pool, port: int) -> None:
     import uvicorn
 
-    from app.web.health import metrics_app
+    class MetricsServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # The settler owns SIGTERM and SIGINT (uvicorn would take them
+            # over with signal.signal while it serves).
+            yield
 
-    server = uvicorn.Server(uvicorn.Config(metrics_app(pool), host="0.0.0.0", port=port,
-                                           log_level="warning", access_log=False, lifespan="off"))
-    server.install_signal_handlers = lambda: None  # the settler owns SIGTERM
+    server = MetricsServer(uvicorn.Config(metrics_app(pool), host="0.0.0.0", port=port,
+                                          log_level="warning", access_log=False, lifespan="off"))
     await server.serve()
 
 

@@ -8,7 +8,6 @@ fal's JWKS.
 """
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections.abc import Mapping
@@ -32,16 +31,17 @@ from app.providers.base import (
 )
 from app.providers.http import (
     Clients,
+    Secrets,
     collect_urls,
-    error_detail,
+    ended,
     host_of,
     json_body,
     json_object,
     read_call,
-    reason_text,
     same_origin,
     submit_call,
 )
+from app.providers.keycache import RefetchingCache
 from app.signing.webhooks import jwks_public_keys, verify_fal
 
 NAME = "fal"
@@ -85,7 +85,7 @@ def operation_urls(base_url: str, model: str, request_id: str, answer: Mapping[s
     urls = documented_urls(base_url, model, request_id)
     for key in _OPERATION_KEYS:
         given = answer.get(key)
-        if same_origin(given, base_url):
+        if isinstance(given, str) and same_origin(given, base_url):
             urls[key] = given
     return urls
 
@@ -107,7 +107,7 @@ def is_request_outcome(status_code: int, body: Any) -> bool:
     return status_code in (400, 422) and "detail" in body
 
 
-def result_observation(status_code: int, body: Any) -> Observation:
+def result_observation(status_code: int, body: Any, secrets: Secrets) -> Observation:
     """The outcome of a COMPLETED request from its response URL (pure):
     2xx → the files it made; an error answer → FAILED with fal's reason
     (a cancelled request counts as CANCELLED)."""
@@ -115,9 +115,9 @@ def result_observation(status_code: int, body: Any) -> Observation:
         return Observation(state=TaskState.SUCCEEDED, output_urls=collect_urls(body, only_url_keys=True))
     error_type = body.get("error_type") if isinstance(body, Mapping) else None
     if status_code == 499 or error_type in _CANCELLED_TYPES:
-        return Observation(state=TaskState.CANCELLED, error="the request was cancelled")
-    reason = reason_text(body.get("detail")) if isinstance(body, Mapping) else reason_text(body)
-    return Observation(state=TaskState.FAILED, error=reason or f"the request failed (HTTP {status_code})")
+        return ended(TaskState.CANCELLED, secrets, fallback="the request was cancelled")
+    reason = body.get("detail") if isinstance(body, Mapping) else body
+    return ended(TaskState.FAILED, secrets, reason, fallback=f"the request failed (HTTP {status_code})")
 
 
 class FalProvider(Provider):
@@ -134,12 +134,9 @@ class FalProvider(Provider):
     ):
         self.base_url = base_url.rstrip("/")
         self.jwks_url = jwks_url
-        self._jwks_refresh_s = jwks_refresh_s
         self._key = key
         self._http = Clients(timeout_s, client)
-        self._public_keys: list[bytes] = []
-        self._keys_fetched_at = float("-inf")
-        self._keys_lock = asyncio.Lock()
+        self._public_keys = RefetchingCache(self._fetch_keys, max_age_s=JWKS_MAX_AGE_S, min_refetch_s=jwks_refresh_s)
         self.facts = ProviderFacts(
             name=NAME,
             webhook_scheme="ed25519-jwks",
@@ -154,8 +151,8 @@ class FalProvider(Provider):
         return f"FalProvider({self.base_url!r})"
 
     @property
-    def _secrets(self) -> tuple[str | None, ...]:
-        return (self._key,)
+    def _secrets(self) -> Secrets:
+        return Secrets(self._key)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Key {self._key}"} if self._key else {}
@@ -176,7 +173,8 @@ class FalProvider(Provider):
         params = {"fal_webhook": request.callback_url} if request.callback_url else None
         response = await submit_call(
             self._http.submits, NAME, "POST", f"{self.base_url}/{request.model}",
-            params=params, json=dict(request.input), headers=self._headers(), secrets=self._secrets,
+            params=params, json=dict(request.input), headers=self._headers(),
+            secrets=self._secrets.plus_callback(request.callback_url),
         )
         data = json_object(response, NAME, Uncertain)
         request_id = data.get("request_id")
@@ -196,12 +194,12 @@ class FalProvider(Provider):
         if status in _RUNNING:
             return Observation(state=TaskState.RUNNING)
         if status != "COMPLETED":
-            raise Transient(f"{NAME}: unknown request status {str(status)[:40]!r}")
+            raise Transient(f"{NAME}: unknown request status {self._secrets.mask(str(status), 40)!r}")
         if body.get("error"):
             # Newer queue answers carry the failure on the status itself.
             if body.get("error_type") in _CANCELLED_TYPES:
-                return Observation(state=TaskState.CANCELLED, error="the request was cancelled")
-            return Observation(state=TaskState.FAILED, error=reason_text(body.get("error"), self._secrets))
+                return ended(TaskState.CANCELLED, self._secrets, fallback="the request was cancelled")
+            return ended(TaskState.FAILED, self._secrets, body.get("error"), fallback="the request failed")
         return await self._result(urls["response_url"])
 
     async def _result(self, response_url: str) -> Observation:
@@ -211,16 +209,16 @@ class FalProvider(Provider):
         )
         status_code = response.status_code
         if 200 <= status_code < 300:
-            return result_observation(status_code, json_body(response, NAME, Transient))
+            return result_observation(status_code, json_body(response, NAME, Transient), self._secrets)
         try:
             body = response.json()
         except (ValueError, UnicodeDecodeError):
             body = None
         if not is_request_outcome(status_code, body):
             # Not the request's stored outcome (a gateway hiccup, say): ask again later.
-            detail = error_detail(response, self._secrets)
+            detail = self._secrets.detail(response)
             raise Transient(f"{NAME}: result fetch answered HTTP {status_code}" + (f": {detail}" if detail else ""))
-        return result_observation(status_code, body)
+        return result_observation(status_code, body, self._secrets)
 
     async def cancel(self, task: Task) -> None:
         try:
@@ -236,30 +234,18 @@ class FalProvider(Provider):
     async def find(self, request: SubmitRequest) -> Submitted | None:
         return None  # fal cannot look a request up by our reference
 
-    async def _keys(self, *, refresh: bool) -> list[bytes]:
-        async with self._keys_lock:
-            age = time.monotonic() - self._keys_fetched_at
-            stale = not self._public_keys or age >= JWKS_MAX_AGE_S
-            if (stale or refresh) and age >= self._jwks_refresh_s:
-                self._keys_fetched_at = time.monotonic()
-                try:
-                    response = await read_call(
-                        self._http.reads, NAME, "GET", self.jwks_url, secrets=self._secrets, not_found=None,
-                    )
-                    fresh = jwks_public_keys(json_body(response, NAME, Transient))
-                except Exception:
-                    fresh = []
-                if fresh:
-                    self._public_keys = fresh
-            return self._public_keys
+    async def _fetch_keys(self) -> list[bytes]:
+        # No credential goes to the JWKS host: the keys are public.
+        response = await read_call(self._http.reads, NAME, "GET", self.jwks_url, secrets=self._secrets, not_found=None)
+        return jwks_public_keys(json_body(response, NAME, Transient))
 
     async def verify(self, webhook: WebhookRequest) -> bool:
         try:
-            keys = await self._keys(refresh=False)
+            keys = await self._public_keys.get()
             if keys and verify_fal(webhook.headers, webhook.raw_body, keys, time.time()):
                 return True
             # Perhaps signed with a key published since we last looked.
-            fresh = await self._keys(refresh=True)
+            fresh = await self._public_keys.get(refresh=True)
             if not fresh or fresh == keys:
                 return False
             return verify_fal(webhook.headers, webhook.raw_body, fresh, time.time())

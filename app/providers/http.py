@@ -9,8 +9,9 @@ Two kinds of call fail differently:
   failure is Transient, except an explicit "no such task".
 
 Messages never carry a secret: httpx's own exception text is not used (it
-can name URLs), URLs in provider text lose their query strings, and the
-adapter's known secrets are masked.
+can name URLs), and provider text reaches a message only through the
+adapter's `Secrets` (URLs lose their query strings, known secrets are
+masked).
 """
 from __future__ import annotations
 
@@ -20,14 +21,17 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import httpx
 
 from app.http_transport import AsyncioTransport
-from app.providers.base import ProviderError, Rejected, Transient, Uncertain
+from app.origins import host_of as host_of  # re-exported: the adapters import both from here
+from app.origins import same_origin as same_origin
+from app.providers.base import Observation, ProviderError, Rejected, TaskState, Transient, Uncertain
 
 _MAX_DETAIL = 200
+_MIN_SECRET_LEN = 4
 _URL_QUERY_RE = re.compile(r"(https?://[^\s?#\"'<>]+)[?#][^\s\"'<>]*")
 # Longest Retry-After we honour; a provider asking for more is clamped.
 _MAX_RETRY_AFTER_S = 3600.0
@@ -68,17 +72,111 @@ class Clients:
                 await self.submits.aclose()
 
 
-def scrub(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """Provider text made safe for logs: query strings of URLs removed,
-    known secrets masked, whitespace folded, length bounded."""
-    text = _URL_QUERY_RE.sub(r"\1?…", text)
-    for secret in secrets:
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, "[redacted]")
-    text = " ".join(text.split())
-    if len(text) > _MAX_DETAIL:
-        text = text[: _MAX_DETAIL - 1] + "…"
-    return text
+class Secrets:
+    """What one adapter must never repeat: its API token, a webhook secret, a
+    capability token it put in a callback URL.
+
+    Words from a provider's answer become our text (an exception message,
+    an Observation's error: the job's error column, the API response, logs)
+    only through `mask`, `reason` or `detail` of the adapter's Secrets, and
+    an Observation with an error only through `ended`. A provider that
+    echoes our `Authorization` header thus cannot put the token anywhere:
+    masking the token masks its `Bearer …` and `Key …` forms, and its
+    URL-encoded and JSON-escaped forms are masked too. Values shorter than
+    four characters are not masked (they would garble every message).
+    """
+
+    __slots__ = ("_values", "_forms")
+
+    def __init__(self, *values: str | None):
+        self._values = tuple(v for v in values if v and len(v) >= _MIN_SECRET_LEN)
+        forms = {form for v in self._values for form in (v, quote(v, safe=""), json.dumps(v)[1:-1])}
+        # Longest first: a secret that contains another is masked whole.
+        self._forms = tuple(sorted(forms, key=len, reverse=True))
+
+    def __repr__(self) -> str:
+        return f"<Secrets {len(self._values)}>"
+
+    def plus(self, *values: str | None) -> Secrets:
+        return Secrets(*self._values, *values)
+
+    def plus_callback(self, callback_url: str | None) -> Secrets:
+        """These and the query values of a callback URL we hand the
+        provider (our capability token): a provider may echo the URL in a
+        form (URL-encoded inside its own query, say) that no longer looks
+        like a URL, so the token itself is masked."""
+        if not callback_url:
+            return self
+        return self.plus(*(value for _, value in parse_qsl(urlsplit(callback_url).query)))
+
+    def mask(self, text: str, limit: int = _MAX_DETAIL) -> str:
+        """Provider text made safe to show: query strings of URLs removed,
+        secrets masked, whitespace folded, at most `limit` characters (cut
+        after masking, so no part of a secret survives the cut)."""
+        text = _URL_QUERY_RE.sub(r"\1?…", text)
+        for form in self._forms:
+            text = text.replace(form, "[redacted]")
+        text = " ".join(text.split())
+        if len(text) > limit:
+            text = text[: limit - 1] + "…"
+        return text
+
+    def reason(self, value: Any) -> str | None:
+        """A provider's failure reason (a string, or an object/list) as one
+        short masked line; None when there is none."""
+        if value is None or value == "" or value == [] or value == {}:
+            return None
+        if isinstance(value, Mapping):
+            for key in ("message", "msg", "detail", "error"):
+                inner = value.get(key)
+                if isinstance(inner, str) and inner:
+                    return self.mask(inner)
+        if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            # FastAPI/pydantic style: [{"loc": [...], "msg": "..."}]
+            msgs = [str(v.get("msg")) for v in value if v.get("msg")]
+            if msgs:
+                return self.mask("; ".join(msgs))
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        return self.mask(text) or None
+
+    def detail(self, response: httpx.Response) -> str:
+        """The provider's own short reason from an error response, masked."""
+        text = ""
+        try:
+            body = response.json()
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if isinstance(body, Mapping):
+            for key in ("detail", "msg", "message", "error", "title"):
+                value = body.get(key)
+                if value:
+                    text = value if isinstance(value, str) else json.dumps(value, default=str)
+                    break
+        elif isinstance(body, (str, list)) and body:
+            text = body if isinstance(body, str) else json.dumps(body, default=str)
+        if not text and not isinstance(body, (Mapping, list)):
+            try:
+                raw = response.text
+            except Exception:
+                raw = ""
+            # An HTML error page says nothing useful.
+            if raw and not raw.lstrip().startswith("<"):
+                text = raw
+        return self.mask(text)
+
+
+NO_SECRETS = Secrets()  # for an adapter that holds none (the simulator's native protocol)
+
+
+def ended(state: TaskState, secrets: Secrets, *reasons: Any, fallback: str | None = None) -> Observation:
+    """A task that ended without output (FAILED, CANCELLED), its error the
+    first of `reasons` that says something, masked; else `fallback`. The
+    one way adapters build an Observation that carries an error."""
+    for reason in reasons:
+        text = secrets.reason(reason)
+        if text:
+            return Observation(state=state, error=text)
+    return Observation(state=state, error=fallback)
 
 
 def retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
@@ -103,32 +201,6 @@ def retry_after_seconds(value: str | None, now: datetime | None = None) -> float
     return max(0.0, min(seconds, _MAX_RETRY_AFTER_S))
 
 
-def error_detail(response: httpx.Response, secrets: Iterable[str | None] = ()) -> str:
-    """The provider's own short reason from an error response, scrubbed."""
-    text = ""
-    try:
-        body = response.json()
-    except (ValueError, UnicodeDecodeError):
-        body = None
-    if isinstance(body, Mapping):
-        for key in ("detail", "msg", "message", "error", "title"):
-            value = body.get(key)
-            if value:
-                text = value if isinstance(value, str) else json.dumps(value, default=str)
-                break
-    elif isinstance(body, (str, list)) and body:
-        text = body if isinstance(body, str) else json.dumps(body, default=str)
-    if not text and not isinstance(body, (Mapping, list)):
-        try:
-            raw = response.text
-        except Exception:
-            raw = ""
-        # An HTML error page says nothing useful.
-        if raw and not raw.lstrip().startswith("<"):
-            text = raw
-    return scrub(text, secrets)
-
-
 def _with_detail(prefix: str, detail: str) -> str:
     return f"{prefix}: {detail}" if detail else prefix
 
@@ -139,12 +211,11 @@ async def submit_call(
     method: str,
     url: str,
     *,
-    secrets: Iterable[str | None] = (),
+    secrets: Secrets,
     **kwargs: Any,
 ) -> httpx.Response:
     """Send a request that may create a task. Returns a 2xx response;
     otherwise raises the error class that says whether a task may exist."""
-    secrets = tuple(secrets)
     try:
         response = await client.request(method, url, **kwargs)
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol) as exc:
@@ -161,7 +232,7 @@ async def submit_call(
     status = response.status_code
     if 200 <= status < 300:
         return response
-    detail = error_detail(response, secrets)
+    detail = secrets.detail(response)
     if status == 429:
         raise Transient(
             _with_detail(f"{provider}: rate limited (HTTP 429)", detail),
@@ -181,7 +252,7 @@ async def read_call(
     method: str,
     url: str,
     *,
-    secrets: Iterable[str | None] = (),
+    secrets: Secrets,
     not_found: str | None = "no such task",
     pass_statuses: Iterable[int] = (),
     **kwargs: Any,
@@ -189,7 +260,6 @@ async def read_call(
     """Send a request that is safe to repeat. Returns a 2xx response (or one
     whose status is in `pass_statuses`, for the caller to read); a 404 is
     Rejected(`not_found`) when `not_found` is set; anything else Transient."""
-    secrets = tuple(secrets)
     try:
         response = await client.request(method, url, **kwargs)
     except httpx.HTTPError as exc:
@@ -197,7 +267,7 @@ async def read_call(
     status = response.status_code
     if 200 <= status < 300 or status in pass_statuses:
         return response
-    detail = error_detail(response, secrets)
+    detail = secrets.detail(response)
     if status == 404 and not_found:
         raise Rejected(_with_detail(f"{provider}: {not_found} (HTTP 404)", detail))
     retry_after = None
@@ -220,31 +290,6 @@ def json_object(response: httpx.Response, provider: str, error: type[ProviderErr
     if not isinstance(body, dict):
         raise error(f"{provider}: answer was not a JSON object (HTTP {response.status_code})")
     return body
-
-
-def host_of(url: str) -> str:
-    return (urlsplit(url).hostname or "").lower()
-
-
-def same_origin(url: Any, base_url: str) -> bool:
-    """True when `url` is an absolute URL on exactly the origin of `base_url`
-    (scheme, host and port)."""
-    if not isinstance(url, str):
-        return False
-    try:
-        a, b = urlsplit(url), urlsplit(base_url)
-        a_port = a.port or (443 if a.scheme == "https" else 80)
-        b_port = b.port or (443 if b.scheme == "https" else 80)
-    except ValueError:
-        return False
-    return (
-        a.scheme in ("http", "https")
-        and a.scheme == b.scheme
-        and (a.hostname or "").lower() == (b.hostname or "").lower()
-        and a_port == b_port
-        and not a.username
-        and not a.password
-    )
 
 
 def collect_urls(value: Any, *, only_url_keys: bool = False, limit: int = 100) -> tuple[str, ...]:
@@ -270,22 +315,3 @@ def collect_urls(value: Any, *, only_url_keys: bool = False, limit: int = 100) -
 
     walk(value, None, 0)
     return tuple(found)
-
-
-def reason_text(value: Any, secrets: Iterable[str | None] = ()) -> str | None:
-    """A provider's failure reason (a string, or an object/list) as one
-    short scrubbed line; None when there is none."""
-    if value is None or value == "" or value == [] or value == {}:
-        return None
-    if isinstance(value, Mapping):
-        for key in ("message", "msg", "detail", "error"):
-            inner = value.get(key)
-            if isinstance(inner, str) and inner:
-                return scrub(inner, secrets)
-    if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
-        # FastAPI/pydantic style: [{"loc": [...], "msg": "..."}]
-        msgs = [str(v.get("msg")) for v in value if v.get("msg")]
-        if msgs:
-            return scrub("; ".join(msgs), secrets)
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return scrub(text, secrets) or None

@@ -30,11 +30,11 @@ from app.providers.base import (
 )
 from app.providers.http import (
     Clients,
+    Secrets,
+    ended,
     host_of,
     json_object,
     read_call,
-    reason_text,
-    scrub,
     submit_call,
 )
 from app.signing.tokens import check_capability_token, make_capability_token
@@ -67,12 +67,11 @@ def body_code(body: Mapping[str, Any]) -> int | None:
     return None
 
 
-def _message(body: Mapping[str, Any], secrets: Sequence[str | None]) -> str:
-    text = body.get("msg") or body.get("message") or ""
-    return scrub(text if isinstance(text, str) else json.dumps(text, default=str), secrets)
+def _message(body: Mapping[str, Any], secrets: Secrets) -> str:
+    return secrets.reason(body.get("msg") or body.get("message")) or ""
 
 
-def submit_outcome(body: Mapping[str, Any], secrets: Sequence[str | None] = ()) -> str:
+def submit_outcome(body: Mapping[str, Any], secrets: Secrets) -> str:
     """The task id from a createTask answer, or the error its `code` means
     (pure): 4xx codes Rejected, 429/455 Transient, 5xx or unknown Uncertain."""
     code = body_code(body)
@@ -106,16 +105,15 @@ def result_urls(result_json: Any) -> tuple[str, ...]:
     return tuple(u for u in urls if isinstance(u, str) and u.startswith(("https://", "http://")))
 
 
-def observation_from_record(data: Mapping[str, Any]) -> Observation:
+def observation_from_record(data: Mapping[str, Any], secrets: Secrets) -> Observation:
     """A recordInfo `data` object as an Observation (pure)."""
     state = _STATES.get(data.get("state"))  # type: ignore[arg-type]
     if state is None:
-        raise Transient(f"{NAME}: unknown task state {str(data.get('state'))[:40]!r}")
+        raise Transient(f"{NAME}: unknown task state {secrets.mask(str(data.get('state')), 40)!r}")
     if state is TaskState.SUCCEEDED:
         return Observation(state=state, output_urls=result_urls(data.get("resultJson")))
     if state is TaskState.FAILED:
-        reason = reason_text(data.get("failMsg")) or reason_text(data.get("failCode"))
-        return Observation(state=state, error=reason or "the task failed")
+        return ended(state, secrets, data.get("failMsg"), data.get("failCode"), fallback="the task failed")
     return Observation(state=state)
 
 
@@ -163,19 +161,19 @@ class KieProvider(Provider):
         return f"KieProvider({self.base_url!r})"
 
     @property
-    def _secrets(self) -> tuple[str | None, ...]:
-        return (self._api_key,)
+    def _secrets(self) -> Secrets:
+        return Secrets(self._api_key)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
     async def submit(self, request: SubmitRequest, idempotency_key: str) -> Submitted:
         body: dict[str, Any] = {"model": request.model, "input": dict(request.input)}
-        secrets: tuple[str | None, ...] = self._secrets
+        secrets = self._secrets.plus_callback(request.callback_url)
         if request.callback_url:
             token = make_capability_token(NAME, request.job_id, self._secret_keys[0])
             body["callBackUrl"] = with_token(request.callback_url, token)
-            secrets = (*secrets, token)
+            secrets = secrets.plus(token)
         response = await submit_call(
             self._http.submits, NAME, "POST", f"{self.base_url}/api/v1/jobs/createTask",
             json=body, headers=self._headers(), secrets=secrets,
@@ -199,7 +197,7 @@ class KieProvider(Provider):
         data = body.get("data")
         if not isinstance(data, Mapping):
             raise Transient(f"{NAME}: recordInfo answer has no data")
-        return observation_from_record(data)
+        return observation_from_record(data, self._secrets)
 
     async def cancel(self, task: Task) -> None:
         return None  # KIE has no cancel endpoint; the task runs out on its own

@@ -7,7 +7,7 @@ with Standard Webhooks using the account's signing secret.
 """
 from __future__ import annotations
 
-import asyncio
+import math
 import re
 import time
 from datetime import UTC, datetime, timedelta
@@ -31,14 +31,16 @@ from app.providers.base import (
 )
 from app.providers.http import (
     Clients,
+    Secrets,
     collect_urls,
+    ended,
     host_of,
     json_object,
     read_call,
-    reason_text,
     same_origin,
     submit_call,
 )
+from app.providers.keycache import RefetchingCache
 from app.signing.webhooks import verify_standard_webhooks
 
 NAME = "replicate"
@@ -79,18 +81,18 @@ def route_for_model(model: str) -> tuple[str, dict[str, Any]]:
     raise Rejected(f"{NAME}: model must be owner/name, owner/name:version or a version id")
 
 
-def observation_from_prediction(body: dict) -> Observation:
+def observation_from_prediction(body: dict, secrets: Secrets) -> Observation:
     """A prediction JSON as an Observation (pure). Output may be a URL, a
     list of URLs, or nested objects: every URL string counts."""
     state = _STATES.get(body.get("status"))  # type: ignore[arg-type]
     if state is None:
-        raise Transient(f"{NAME}: unknown prediction status {str(body.get('status'))[:40]!r}")
+        raise Transient(f"{NAME}: unknown prediction status {secrets.mask(str(body.get('status')), 40)!r}")
     if state is TaskState.SUCCEEDED:
         return Observation(state=state, output_urls=collect_urls(body.get("output")))
     if state is TaskState.FAILED:
-        return Observation(state=state, error=reason_text(body.get("error")) or "the prediction failed")
+        return ended(state, secrets, body.get("error"), fallback="the prediction failed")
     if state is TaskState.CANCELLED:
-        return Observation(state=state, error=reason_text(body.get("error")))
+        return ended(state, secrets, body.get("error"))
     return Observation(state=state)
 
 
@@ -121,10 +123,10 @@ class ReplicateProvider(Provider):
         self.base_url = base_url.rstrip("/")
         self._token = api_token
         self._configured_secret = webhook_secret
-        self._fetched_secret: str | None = None
-        self._fetched_at = float("-inf")
-        self._secret_lock = asyncio.Lock()
-        self._secret_refresh_s = secret_refresh_s
+        # Without a configured secret, the account's is fetched, and fetched
+        # again when a signature fails (it may have been rotated).
+        self._fetched_secret = RefetchingCache(self._fetch_secret, max_age_s=math.inf,
+                                               min_refetch_s=secret_refresh_s)
         self._http = Clients(timeout_s, client)
         self._find_max_pages = find_max_pages
         self._find_max_age = timedelta(seconds=find_max_age_s)
@@ -142,8 +144,8 @@ class ReplicateProvider(Provider):
         return f"ReplicateProvider({self.base_url!r})"
 
     @property
-    def _secrets(self) -> tuple[str | None, ...]:
-        return (self._token, self._configured_secret, self._fetched_secret)
+    def _secrets(self) -> Secrets:
+        return Secrets(self._token, self._configured_secret, self._fetched_secret.value)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
@@ -159,7 +161,7 @@ class ReplicateProvider(Provider):
             body["webhook_events_filter"] = ["completed"]
         response = await submit_call(
             self._http.submits, NAME, "POST", self.base_url + path,
-            json=body, headers=self._headers(), secrets=self._secrets,
+            json=body, headers=self._headers(), secrets=self._secrets.plus_callback(request.callback_url),
         )
         data = json_object(response, NAME, Uncertain)
         task_id = data.get("id")
@@ -172,7 +174,7 @@ class ReplicateProvider(Provider):
             self._http.reads, NAME, "GET", self._prediction_url(task.task_id),
             headers=self._headers(), secrets=self._secrets,
         )
-        return observation_from_prediction(json_object(response, NAME, Transient))
+        return observation_from_prediction(json_object(response, NAME, Transient), self._secrets)
 
     async def cancel(self, task: Task) -> None:
         try:
@@ -218,27 +220,17 @@ class ReplicateProvider(Provider):
         return None
 
     async def _fetch_secret(self) -> str | None:
-        try:
-            response = await read_call(
-                self._http.reads, NAME, "GET", f"{self.base_url}/v1/webhooks/default/secret",
-                headers=self._headers(), secrets=self._secrets, not_found=None,
-            )
-            key = json_object(response, NAME, Transient).get("key")
-        except Exception:
-            return None
+        response = await read_call(
+            self._http.reads, NAME, "GET", f"{self.base_url}/v1/webhooks/default/secret",
+            headers=self._headers(), secrets=self._secrets, not_found=None,
+        )
+        key = json_object(response, NAME, Transient).get("key")
         return key if isinstance(key, str) and key else None
 
     async def _secret(self, *, refresh: bool) -> str | None:
         if self._configured_secret:
             return self._configured_secret
-        async with self._secret_lock:
-            due = time.monotonic() - self._fetched_at >= self._secret_refresh_s
-            if (self._fetched_secret is None or refresh) and due:
-                self._fetched_at = time.monotonic()
-                fresh = await self._fetch_secret()
-                if fresh:
-                    self._fetched_secret = fresh
-            return self._fetched_secret
+        return await self._fetched_secret.get(refresh=refresh)
 
     async def verify(self, webhook: WebhookRequest) -> bool:
         try:

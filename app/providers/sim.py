@@ -25,11 +25,13 @@ from app.providers.base import (
     WebhookRequest,
 )
 from app.providers.http import (
+    NO_SECRETS,
     Clients,
+    Secrets,
+    ended,
     host_of,
     json_object,
     read_call,
-    reason_text,
     submit_call,
 )
 from app.signing.webhooks import verify_tv1
@@ -46,25 +48,23 @@ _STATES = {
 }
 
 
-def observation_from_task(body: dict) -> Observation:
+def observation_from_task(body: dict, secrets: Secrets) -> Observation:
     """The simulator's task JSON as an Observation (pure)."""
     state = _STATES.get(body.get("status"))  # type: ignore[arg-type]
     if state is None:
-        raise Transient(f"{NAME}: unknown task status {str(body.get('status'))[:40]!r}")
+        raise Transient(f"{NAME}: unknown task status {secrets.mask(str(body.get('status')), 40)!r}")
+    if state is TaskState.RUNNING:
+        return Observation(state=state)
+    if state is TaskState.FAILED:
+        return ended(state, secrets, body.get("error"), fallback="the task failed")
+    if state is TaskState.CANCELLED:
+        return ended(state, secrets, body.get("error"))
     outputs = body.get("outputs") or []
     urls = tuple(u for u in outputs if isinstance(u, str)) if isinstance(outputs, list) else ()
     cost = body.get("cost")
     if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
         cost = None
-    error = reason_text(body.get("error")) if state is not TaskState.SUCCEEDED else None
-    if state is TaskState.FAILED and not error:
-        error = "the task failed"
-    return Observation(
-        state=state,
-        output_urls=urls if state is TaskState.SUCCEEDED else (),
-        cost=int(cost) if cost is not None else None,
-        error=error,
-    )
+    return Observation(state=state, output_urls=urls, cost=int(cost) if cost is not None else None)
 
 
 class SimProvider(Provider):
@@ -78,6 +78,9 @@ class SimProvider(Provider):
     ):
         self.base_url = base_url.rstrip("/")
         self._http = Clients(timeout_s, client, idempotent_submit=True)
+        # The native protocol takes no credential; the per-task webhook
+        # secret is handed to us, never sent.
+        self._secrets = NO_SECRETS
         self.facts = ProviderFacts(
             name=NAME,
             webhook_scheme="t/v1",
@@ -101,6 +104,7 @@ class SimProvider(Provider):
         response = await submit_call(
             self._http.submits, NAME, "POST", f"{self.base_url}/v1/tasks",
             json=body, headers={"Idempotency-Key": idempotency_key},
+            secrets=self._secrets.plus_callback(request.callback_url),
         )
         data = json_object(response, NAME, Uncertain)
         task_id, secret = data.get("id"), data.get("webhook_secret")
@@ -112,13 +116,13 @@ class SimProvider(Provider):
         )
 
     async def status(self, task: Task) -> Observation:
-        response = await read_call(self._http.reads, NAME, "GET", self._task_url(task.task_id))
-        return observation_from_task(json_object(response, NAME, Transient))
+        response = await read_call(self._http.reads, NAME, "GET", self._task_url(task.task_id), secrets=self._secrets)
+        return observation_from_task(json_object(response, NAME, Transient), self._secrets)
 
     async def cancel(self, task: Task) -> None:
         try:
             await read_call(
-                self._http.reads, NAME, "POST", self._task_url(task.task_id, "/cancel"),
+                self._http.reads, NAME, "POST", self._task_url(task.task_id, "/cancel"), secrets=self._secrets,
                 pass_statuses=(409,),  # already finished: nothing to cancel
             )
         except Rejected:

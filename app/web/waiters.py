@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 
-import asyncpg
-
-from app.db import JOBS_CHANNEL, connect
-
-log = logging.getLogger("longcall.web")
+from app.db import JOBS_CHANNEL
+from app.listen import listen_forever
 
 
 class _Watch:
@@ -35,7 +31,6 @@ class JobChanges:
         self.dsn = dsn
         self._watches: dict[str, set[_Watch]] = {}
         self._task: asyncio.Task | None = None
-        self._conn: asyncpg.Connection | None = None
 
     @contextlib.contextmanager
     def watch(self, job_id: str):
@@ -50,36 +45,23 @@ class JobChanges:
                 if not bucket:
                     del self._watches[job_id]
 
-    def _on_notify(self, _conn, _pid, _channel, payload: str) -> None:
+    def _on_notify(self, payload: str) -> None:
         for w in self._watches.get(payload, ()):
             w.event.set()
 
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+    def _wake_all(self) -> None:
+        for bucket in self._watches.values():
+            for w in bucket:
+                w.event.set()
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                self._conn = await connect(self.dsn, role="web-listen")
-                await self._conn.add_listener(JOBS_CHANNEL, self._on_notify)
-                # Anything that changed while we were not listening: wake all.
-                for bucket in self._watches.values():
-                    for w in bucket:
-                        w.event.set()
-                closed = asyncio.Event()
-                self._conn.add_termination_listener(lambda _c: closed.set())
-                await closed.wait()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # database away: try again shortly
-                log.warning("job change listener down: %s", type(e).__name__)
-            await asyncio.sleep(1.0)
+    async def start(self) -> None:
+        # After each (re)connect, wake every waiter: a change may have gone
+        # unheard while no one listened, and a woken read looks at the database.
+        self._task = asyncio.create_task(listen_forever(self.dsn, JOBS_CHANNEL, self._on_notify, role="web-listen",
+                                                        on_connected=self._wake_all))
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
+            self._task.cancel()  # the listener closes its connection on the way out
             with contextlib.suppress(BaseException):
                 await self._task
-        if self._conn is not None and not self._conn.is_closed():
-            with contextlib.suppress(Exception):
-                await self._conn.close()

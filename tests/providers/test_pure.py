@@ -12,7 +12,7 @@ from app.config import load_settings
 from app.providers import KNOWN_PROVIDERS, build_providers, close_providers
 from app.providers.base import Rejected, TaskState, Transient, Uncertain
 from app.providers.fal import app_id, documented_urls, is_request_outcome, operation_urls, result_observation
-from app.providers.http import collect_urls, reason_text, retry_after_seconds, same_origin, scrub
+from app.providers.http import NO_SECRETS, Secrets, collect_urls, retry_after_seconds, same_origin
 from app.providers.kie import observation_from_record, result_urls, submit_outcome, with_token
 from app.providers.replicate import observation_from_prediction, route_for_model
 from app.providers.sim import observation_from_task
@@ -31,29 +31,29 @@ VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"
     ("cancelled", TaskState.CANCELLED),
 ])
 def test_sim_status_mapping(status, state):
-    assert observation_from_task({"id": "t", "status": status}).state is state
+    assert observation_from_task({"id": "t", "status": status}, NO_SECRETS).state is state
 
 
 def test_sim_success_carries_outputs_and_cost():
-    obs = observation_from_task({"status": "succeeded", "outputs": ["http://h/o/1", 5], "cost": 7})
+    obs = observation_from_task({"status": "succeeded", "outputs": ["http://h/o/1", 5], "cost": 7}, NO_SECRETS)
     assert obs.output_urls == ("http://h/o/1",)
     assert obs.cost == 7 and obs.error is None
 
 
 def test_sim_failure_has_a_reason_even_without_one():
-    assert observation_from_task({"status": "failed", "error": "boom"}).error == "boom"
-    assert observation_from_task({"status": "failed", "error": {"message": "bad"}}).error == "bad"
-    assert observation_from_task({"status": "failed", "error": None}).error
+    assert observation_from_task({"status": "failed", "error": "boom"}, NO_SECRETS).error == "boom"
+    assert observation_from_task({"status": "failed", "error": {"message": "bad"}}, NO_SECRETS).error == "bad"
+    assert observation_from_task({"status": "failed", "error": None}, NO_SECRETS).error
 
 
 @pytest.mark.parametrize("cost", [-1, True, "3", None])
 def test_sim_nonsense_cost_is_no_cost(cost):
-    assert observation_from_task({"status": "succeeded", "cost": cost}).cost is None
+    assert observation_from_task({"status": "succeeded", "cost": cost}, NO_SECRETS).cost is None
 
 
 def test_sim_unknown_status_is_transient():
     with pytest.raises(Transient):
-        observation_from_task({"status": "exploded"})
+        observation_from_task({"status": "exploded"}, NO_SECRETS)
 
 
 # ------------------------------------------------------------------ replicate
@@ -83,7 +83,7 @@ def test_replicate_bad_model_is_rejected_before_sending(model):
     ("aborted", TaskState.CANCELLED),
 ])
 def test_replicate_status_mapping(status, state):
-    assert observation_from_prediction({"status": status}).state is state
+    assert observation_from_prediction({"status": status}, NO_SECRETS).state is state
 
 
 @pytest.mark.parametrize("output, urls", [
@@ -95,12 +95,12 @@ def test_replicate_status_mapping(status, state):
     (None, ()),
 ])
 def test_replicate_collects_url_strings_from_any_output_shape(output, urls):
-    obs = observation_from_prediction({"status": "succeeded", "output": output})
+    obs = observation_from_prediction({"status": "succeeded", "output": output}, NO_SECRETS)
     assert obs.output_urls == urls and obs.cost is None
 
 
 def test_replicate_failure_reason():
-    obs = observation_from_prediction({"status": "failed", "error": "CUDA out of memory"})
+    obs = observation_from_prediction({"status": "failed", "error": "CUDA out of memory"}, NO_SECRETS)
     assert obs.state is TaskState.FAILED and obs.error == "CUDA out of memory"
 
 
@@ -148,7 +148,7 @@ def test_fal_result_urls_come_from_url_fields_only():
         "video": {"url": "https://fal.media/v.mp4"},
         "prompt": "https://not-an-output.example/x",
     }
-    obs = result_observation(200, body)
+    obs = result_observation(200, body, NO_SECRETS)
     assert obs.state is TaskState.SUCCEEDED
     assert obs.output_urls == ("https://v3.fal.media/a.png", "https://v3.fal.media/b.png", "https://fal.media/v.mp4")
 
@@ -159,7 +159,7 @@ def test_fal_result_urls_come_from_url_fields_only():
     (499, {"detail": "cancelled", "error_type": "client_cancelled"}, TaskState.CANCELLED, None),
 ])
 def test_fal_failed_result(code, body, state, reason):
-    obs = result_observation(code, body)
+    obs = result_observation(code, body, NO_SECRETS)
     assert obs.state is state
     if reason:
         assert reason in obs.error
@@ -191,18 +191,18 @@ def test_fal_which_error_answers_are_the_requests_outcome(code, body, outcome):
     ("fail", TaskState.FAILED),
 ])
 def test_kie_state_mapping(state, mapped):
-    assert observation_from_record({"state": state, "resultJson": "", "failMsg": ""}).state is mapped
+    assert observation_from_record({"state": state, "resultJson": "", "failMsg": ""}, NO_SECRETS).state is mapped
 
 
 def test_kie_success_reads_result_json():
     data = {"state": "success", "resultJson": json.dumps({"resultUrls": ["https://tempfile.aiquickdraw.com/a.png"]})}
-    assert observation_from_record(data).output_urls == ("https://tempfile.aiquickdraw.com/a.png",)
+    assert observation_from_record(data, NO_SECRETS).output_urls == ("https://tempfile.aiquickdraw.com/a.png",)
     assert result_urls({"resultUrls": ["https://x/1", 3]}) == ("https://x/1",)
     assert result_urls("not json") == ()
 
 
 def test_kie_failure_reason():
-    obs = observation_from_record({"state": "fail", "failCode": "501", "failMsg": "content policy"})
+    obs = observation_from_record({"state": "fail", "failCode": "501", "failMsg": "content policy"}, NO_SECRETS)
     assert obs.state is TaskState.FAILED and obs.error == "content policy"
 
 
@@ -213,13 +213,13 @@ def test_kie_failure_reason():
 ])
 def test_kie_body_codes(code, error):
     with pytest.raises(error):
-        submit_outcome({"code": code, "msg": "nope", "data": None})
+        submit_outcome({"code": code, "msg": "nope", "data": None}, NO_SECRETS)
 
 
 def test_kie_success_code_gives_the_task_id():
-    assert submit_outcome({"code": 200, "msg": "success", "data": {"taskId": "task_1"}}) == "task_1"
+    assert submit_outcome({"code": 200, "msg": "success", "data": {"taskId": "task_1"}}, NO_SECRETS) == "task_1"
     with pytest.raises(Uncertain):
-        submit_outcome({"code": 200, "data": {}})
+        submit_outcome({"code": 200, "data": {}}, NO_SECRETS)
 
 
 def test_kie_token_joins_the_callback_url():
@@ -230,11 +230,11 @@ def test_kie_token_joins_the_callback_url():
 # ------------------------------------------------------------------ shared helpers
 
 
-def test_scrub_masks_secrets_and_query_strings():
-    text = scrub("bad key r8_SECRETVALUE for https://api.x/cb?token=abc&z=1 ok", ["r8_SECRETVALUE"])
+def test_mask_hides_secrets_and_query_strings():
+    text = Secrets("r8_SECRETVALUE").mask("bad key r8_SECRETVALUE for https://api.x/cb?token=abc&z=1 ok")
     assert "r8_SECRETVALUE" not in text and "token=abc" not in text
     assert "https://api.x/cb" in text
-    assert len(scrub("x" * 1000)) <= 200
+    assert len(NO_SECRETS.mask("x" * 1000)) <= 200
 
 
 def test_retry_after_seconds_and_dates():
@@ -250,10 +250,10 @@ def test_collect_urls_dedups_and_ignores_non_http():
         "https://a/1", "http://b/3")
 
 
-def test_reason_text_shapes():
-    assert reason_text(None) is None and reason_text("") is None
-    assert reason_text({"message": "m"}) == "m"
-    assert reason_text([{"msg": "a"}, {"msg": "b"}]) == "a; b"
+def test_reason_shapes():
+    assert NO_SECRETS.reason(None) is None and NO_SECRETS.reason("") is None
+    assert NO_SECRETS.reason({"message": "m"}) == "m"
+    assert NO_SECRETS.reason([{"msg": "a"}, {"msg": "b"}]) == "a; b"
 
 
 @pytest.mark.parametrize("url, ok", [
@@ -272,7 +272,8 @@ def test_same_origin(url, ok):
 
 async def test_build_providers_makes_all_four_without_leaking_secrets():
     settings = load_settings({
-        "SECRET_KEY": "s" * 32, "REPLICATE_API_TOKEN": "r8_tokentoken", "FAL_KEY": "falkeyfalkey",
+        "SECRET_KEY": "s" * 32, "SIM_URL": "http://127.0.0.1:8787", "REPLICATE_API_TOKEN": "r8_tokentoken",
+        "FAL_KEY": "falkeyfalkey",
         "KIE_API_KEY": "kiekeykiekey", "REPLICATE_WEBHOOK_SECRET": "whsec_c2VjcmV0c2VjcmV0",
     }, require_database=False)
     providers = build_providers(settings, timeout_s=2.0)
