@@ -5,11 +5,14 @@ prints it and exits 2. Secrets are never part of a message.
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
+
+from app.origins import is_loopback_host, origin_of
+from app.storage import StorageUrlError, parse_storage_url
+from app.vocabulary import ProviderName
 
 OFFICIAL_URLS = {
     "replicate": "https://api.replicate.com",
@@ -17,30 +20,11 @@ OFFICIAL_URLS = {
     "fal_jwks": "https://rest.alpha.fal.ai/.well-known/jwks.json",
     "kie": "https://api.kie.ai",
 }
-DEFAULT_SIM_URL = "http://127.0.0.1:8787"
-PROVIDERS = ("sim", "replicate", "fal", "kie")
+PROVIDERS = tuple(ProviderName)  # every provider longcall has an adapter for
 
 
 class ConfigError(Exception):
     """One line that says what is wrong with the configuration."""
-
-
-def is_loopback_host(host: str | None) -> bool:
-    if not host:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def origin_of(url: str) -> str:
-    """scheme://host:port with the default port made explicit."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -71,10 +55,15 @@ def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0
 
 def _url(env: Mapping[str, str], name: str, default: str) -> str:
     value = (env.get(name) or default).rstrip("/")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{name} must be an http(s) URL")
+    try:
+        origin_of(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be an http(s) URL") from None
     return value
+
+
+def _optional_url(env: Mapping[str, str], name: str) -> str | None:
+    return _url(env, name, "") if env.get(name) else None
 
 
 @dataclass(frozen=True)
@@ -87,7 +76,7 @@ class Settings:
     admin_token: str | None
     port: int
     max_output_bytes: int
-    sim_url: str
+    sim_url: str | None  # unset outside `dev`: provider `sim` is then not built
     replicate_api_token: str | None
     replicate_base_url: str
     replicate_webhook_secret: str | None
@@ -106,6 +95,20 @@ class Settings:
     # after submit to ask the provider anyway when a webhook is registered).
     stale_after_s: float | None = None
     settler_lease_s: float = 60.0
+    # A download that receives no byte for this long (waiting for the answer
+    # or between two chunks) fails and is retried later; the total stays capped.
+    download_stall_timeout_s: float = 15.0
+    # At most this many downloads at once from one origin, per settler
+    # process: a stalled output host cannot take every settler slot.
+    downloads_per_host: int = 4
+
+    @property
+    def dsn(self) -> str:
+        """DATABASE_URL, for the commands that need a database (load_settings
+        makes it optional only for those that do not)."""
+        if self.database_url is None:
+            raise ConfigError("DATABASE_URL is required")
+        return self.database_url
 
     def give_up_after(self, provider: str) -> float:
         return self.give_up_after_s_by_provider.get(provider, self.give_up_after_s)
@@ -114,15 +117,27 @@ class Settings:
     def secret_key(self) -> bytes:
         return self.secret_keys[0]
 
-    def plain_http_origins(self) -> frozenset[str]:
-        """Origins that outputs may be fetched from over plain http: the
-        simulator's and any provider base URL pointed at a loopback server."""
-        origins = set()
-        for url in (self.sim_url, self.replicate_base_url, self.fal_base_url, self.kie_base_url):
-            parts = urlsplit(url)
-            if parts.scheme == "http" and is_loopback_host(parts.hostname):
-                origins.add(origin_of(url))
-        return frozenset(origins)
+    def base_url(self, provider: str) -> str | None:
+        """Where this configuration sends `provider`'s API calls; None for the
+        simulator when SIM_URL is unset (provider `sim` is then not built)."""
+        urls: dict[str, str | None] = {
+            ProviderName.SIM: self.sim_url, ProviderName.REPLICATE: self.replicate_base_url,
+            ProviderName.FAL: self.fal_base_url, ProviderName.KIE: self.kie_base_url}
+        return urls.get(provider)
+
+    def plain_http_origins(self, provider: str) -> frozenset[str]:
+        """Origins `provider`'s outputs may be fetched from over plain http
+        (and on a loopback address): only the origin of that provider's own
+        base URL, when it is plain http on loopback — the simulator, or a
+        provider pointed at it through its own *_BASE_URL. Never another
+        provider's, never a default: with nothing configured it is empty."""
+        url = self.base_url(provider)
+        if url is None:
+            return frozenset()
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not is_loopback_host(parts.hostname):
+            return frozenset()
+        return frozenset({origin_of(url)})
 
     def callback_url(self, provider: str, job_id: str) -> str | None:
         if not self.public_url:
@@ -160,22 +175,18 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         if parts.scheme == "http" and not is_loopback_host(parts.hostname):
             raise ConfigError("PUBLIC_URL must be https (plain http only for a loopback address)")
 
-    storage_url = env.get("STORAGE_URL") or "file://" + os.path.abspath(".longcall/objects")
-    parts = urlsplit(storage_url)
-    if parts.scheme == "file":
-        if not parts.path.startswith("/"):
-            raise ConfigError("STORAGE_URL file:// needs an absolute path, like file:///var/lib/longcall")
-    elif parts.scheme == "s3":
-        if not parts.netloc:
-            raise ConfigError("STORAGE_URL s3:// needs a bucket, like s3://bucket/prefix")
-    else:
-        raise ConfigError("STORAGE_URL must be file:// or s3://")
+    # quote(): a working directory with a space, '%' or '#' in it is still one path.
+    storage_url = env.get("STORAGE_URL") or "file://" + quote(os.path.abspath(".longcall/objects"))
+    try:
+        parse_storage_url(storage_url)
+    except StorageUrlError as e:
+        raise ConfigError(str(e)) from None
 
     level = (env.get("LOG_LEVEL") or "INFO").upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise ConfigError("LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
 
-    by_provider = {}
+    by_provider: dict[str, float] = {}
     for p in PROVIDERS:
         name = f"GIVE_UP_AFTER_S_{p.upper()}"
         if env.get(name):
@@ -190,7 +201,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         admin_token=env.get("ADMIN_TOKEN") or None,
         port=_int(env, "PORT", 8000, minimum=1),
         max_output_bytes=_int(env, "MAX_OUTPUT_BYTES", 2 * 1024**3, minimum=1),
-        sim_url=_url(env, "SIM_URL", DEFAULT_SIM_URL),
+        sim_url=_optional_url(env, "SIM_URL"),
         replicate_api_token=env.get("REPLICATE_API_TOKEN") or None,
         replicate_base_url=_url(env, "REPLICATE_BASE_URL", OFFICIAL_URLS["replicate"]),
         replicate_webhook_secret=env.get("REPLICATE_WEBHOOK_SECRET") or None,
@@ -207,4 +218,6 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         provider_timeout_s=_float(env, "PROVIDER_TIMEOUT_S", 30.0, minimum=0.1),
         settler_lease_s=_float(env, "SETTLER_LEASE_S", 60.0, minimum=1.0),
         stale_after_s=_float(env, "STALE_AFTER_S", 0.0, minimum=1.0) if env.get("STALE_AFTER_S") else None,
+        download_stall_timeout_s=_float(env, "DOWNLOAD_STALL_TIMEOUT_S", 15.0, minimum=0.1),
+        downloads_per_host=_int(env, "DOWNLOADS_PER_HOST", 4, minimum=1),
     )

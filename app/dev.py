@@ -19,13 +19,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 
-from app.config import DEFAULT_SIM_URL, load_settings
+from app.config import load_settings
+from app.origins import host_port
 
 STATE_DIR = Path(".longcall")
+# Where `dev` starts the simulator unless SIM_URL says otherwise. Only `dev`
+# has a simulator by default: elsewhere SIM_URL unset means no provider `sim`.
+DEV_SIM_URL = "http://127.0.0.1:8787"
 DEMO_JOBS = [
     {"provider": "sim", "model": "image-fast", "input": {"prompt": "a lighthouse", "duration_s": 1.0}},
     {"provider": "sim", "model": "video-slow", "input": {"prompt": "waves", "duration_s": 3.0,
@@ -65,7 +68,8 @@ def _prepare_environment():
         pg = EmbeddedPostgres(STATE_DIR / "pg").start()
         os.environ["DATABASE_URL"] = pg.url
     os.environ.setdefault("STORAGE_URL", "file://" + str((STATE_DIR / "objects").resolve()))
-    sim_url = os.environ.setdefault("SIM_URL", DEFAULT_SIM_URL).rstrip("/")
+    sim_url = (os.environ.get("SIM_URL") or DEV_SIM_URL).rstrip("/")
+    os.environ["SIM_URL"] = sim_url
     for provider, key_var, base_var in (("replicate", "REPLICATE_API_TOKEN", "REPLICATE_BASE_URL"),
                                         ("fal", "FAL_KEY", "FAL_BASE_URL"),
                                         ("kie", "KIE_API_KEY", "KIE_BASE_URL")):
@@ -78,8 +82,7 @@ def _prepare_environment():
 
 
 def _start_simulator(sim_url: str) -> subprocess.Popen | None:
-    parts = urlsplit(sim_url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    host, port = host_port(sim_url)
     if _port_open(host, port):
         _say(f"using the simulator already running at {sim_url}")
         return None
@@ -150,12 +153,16 @@ async def _serve(settings, port: int) -> None:
     import uvicorn
 
     from app.web import create_app
+    from app.web import server as web_server
     from outbox.context import Context
     from outbox.settler import Settler
 
     app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False, lifespan="on"))
+                                           access_log=False, lifespan="on",
+                                           http=web_server.protocol_with_header_timeout(
+                                               web_server.DEFAULT_HEADER_TIMEOUT_S),
+                                           limit_concurrency=web_server.DEFAULT_LIMIT_CONCURRENCY))
     server.install_signal_handlers = lambda: None  # we handle Ctrl-C below
     web_task = asyncio.create_task(server.serve())
     ctx = await Context.open(settings)
@@ -214,6 +221,7 @@ def _run(settings) -> int:
     applied = asyncio.run(migrate(settings.database_url))
     if applied:
         _say(f"applied {len(applied)} migration(s)")
+    assert settings.sim_url, "_prepare_environment sets SIM_URL"
     sim = _start_simulator(settings.sim_url)
     try:
         asyncio.run(_serve(settings, settings.port))

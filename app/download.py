@@ -9,12 +9,23 @@ the Host header and TLS verification still on the real name) so the answer
 cannot change between the check and the connect. Redirects are followed by
 hand and re-checked. The byte cap is enforced on the stream itself.
 
+Plain http (and a loopback address) is allowed only for the exact origins the
+policy names: the caller gives each provider only its own configured origin
+(app.config.Settings.plain_http_origins). Everything else is https, on the
+provider's host allowlist, at public addresses.
+
+A slow host must not hold the settler: no byte for `stall_timeout_s` ends a
+download (waiting for the answer or between chunks), and a HostLimiter lets
+only a few downloads at once talk to one origin, so a host that accepts
+connections and never answers takes a few settler slots, not all of them.
+
 Messages never carry a URL's path or query string: output URLs often carry
 signed tokens, and these messages end up in job errors and logs.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import ipaddress
 import os
@@ -22,16 +33,22 @@ import re
 import socket
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
 import httpx
 
+from app.download_errors import DownloadError as DownloadError
+from app.download_errors import HostBusy as HostBusy
+from app.download_errors import OutputTooLarge as OutputTooLarge
+from app.download_errors import Refused as Refused
 from app.http_transport import AsyncioTransport
+from app.origins import DEFAULT_PORTS, format_origin
 
 CHUNK_BYTES = 1024 * 1024  # writes are batched to this size; memory stays near it
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-_HOST_LABELS = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*$")
+_LABEL = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
+_HOST_LABELS = re.compile(rf"^(?=.{{1,253}}$)({_LABEL})(\.{_LABEL})*$")
 # NAT64 prefixes embed an IPv4 address that a NAT64 gateway would reach for us.
 _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
 
@@ -39,27 +56,69 @@ _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
-class DownloadError(Exception):
-    """The output could not be fetched. The message is safe to store and log."""
+class _Origin:
+    def __init__(self, per_host: int):
+        self.places = asyncio.Semaphore(per_host)
+        self.users = 0  # downloads waiting for a place or holding one
+        self.holding = 0
 
 
-class OutputTooLarge(DownloadError):
-    """The output is larger than the byte cap."""
+class HostLimiter:
+    """At most `per_host` downloads at once talk to one origin (in this
+    process). A download that finds its origin full waits at most `wait_s`
+    for a place, then gives up with HostBusy, so the settle step backs its
+    job off and frees the settler slot instead of queueing behind a host
+    that may never answer. Entries exist only while an origin is in use."""
 
+    def __init__(self, per_host: int):
+        if per_host < 1:
+            raise ValueError("per_host must be at least 1")
+        self.per_host = per_host
+        self._origins: dict[str, _Origin] = {}
 
-class Refused(DownloadError):
-    """Policy refused the URL (scheme, host, address, redirects); nothing was fetched from it."""
+    def in_use(self, origin: str) -> int:
+        """Downloads holding a place at `origin` now."""
+        entry = self._origins.get(origin)
+        return entry.holding if entry else 0
+
+    @contextlib.asynccontextmanager
+    async def place(self, origin: str, wait_s: float) -> AsyncIterator[None]:
+        entry = self._origins.setdefault(origin, _Origin(self.per_host))
+        entry.users += 1
+        try:
+            try:
+                async with asyncio.timeout(wait_s):
+                    await entry.places.acquire()
+            except TimeoutError:
+                raise HostBusy(f"{origin} already has {self.per_host} downloads running") from None
+            entry.holding += 1
+            try:
+                yield
+            finally:
+                entry.holding -= 1
+                entry.places.release()
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._origins[origin]
 
 
 @dataclass(frozen=True)
 class DownloadPolicy:
     allowed_hosts: tuple[str, ...]  # exact host names, or ".suffix" for any subdomain of suffix
-    plain_http_origins: frozenset[str]  # exact "http://host:port" origins allowed over plain http
+    # Exact "http://host:port" origins allowed over plain http and on a
+    # loopback address: only the provider's own configured origin, if any.
+    plain_http_origins: frozenset[str]
     max_bytes: int
     connect_timeout_s: float = 10
-    read_timeout_s: float = 60
-    total_timeout_s: float = 600
+    # No byte for this long — waiting for the answer or between two chunks —
+    # fails the download (a DownloadError: retried later).
+    stall_timeout_s: float = 15
+    total_timeout_s: float = 600  # the whole download, however steadily it trickles
     max_redirects: int = 3
+    # Shared by every download of the process (None: no per-host limit).
+    host_limiter: HostLimiter | None = field(default=None, compare=False)
+    host_wait_s: float = 1.0  # how long to wait for a place at a full origin
 
 
 @dataclass(frozen=True)
@@ -81,9 +140,9 @@ def describe(url: httpx.URL | str) -> str:
 
 
 def origin(url: httpx.URL) -> str:
-    """Same shape as app.config.origin_of: scheme://host:port, port explicit."""
-    port = url.port or (443 if url.scheme == "https" else 80)
-    return f"{url.scheme}://{url.host}:{port}"
+    """app.origins' scheme://host:port of a URL httpx parsed (the very parse
+    we connect by, so the check and the connection cannot disagree)."""
+    return format_origin(url.scheme, url.raw_host.decode("ascii", "replace"), url.port)
 
 
 def host_allowed(host: str, allowed_hosts: tuple[str, ...]) -> bool:
@@ -185,9 +244,9 @@ async def system_resolver(host: str, port: int) -> list[str]:
 
 async def _resolve_checked(url: httpx.URL, policy: DownloadPolicy, resolve: Resolver) -> list[str]:
     """Resolve once; every address must be public (or loopback, for an
-    origin the configuration allows over plain http: the local simulator)."""
+    origin the policy allows over plain http: the provider's own simulator)."""
     loopback_ok = origin(url) in policy.plain_http_origins
-    port = url.port or (443 if url.scheme == "https" else 80)
+    port = url.port or DEFAULT_PORTS[url.scheme]
     try:
         async with asyncio.timeout(policy.connect_timeout_s):
             answers = await resolve(url.host, port)
@@ -233,14 +292,16 @@ def _default_ssl_context() -> ssl.SSLContext:
     return _ssl_context
 
 
-async def _open(client: httpx.AsyncClient, url: httpx.URL, addresses: list[str]) -> httpx.Response:
+async def _open(client: httpx.AsyncClient, url: httpx.URL, addresses: list[str],
+                policy: DownloadPolicy) -> httpx.Response:
     for ip in addresses:
         try:
             return await client.send(pinned_request(client, url, ip), stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout):
             continue  # next address of the same checked answer
         except httpx.TimeoutException:
-            raise DownloadError(f"timed out waiting for {describe(url)}") from None
+            raise DownloadError(f"timed out waiting for {describe(url)}: no answer for "
+                                f"{policy.stall_timeout_s:g} s") from None
         except httpx.HTTPError as exc:
             raise DownloadError(f"request to {describe(url)} failed ({type(exc).__name__})") from None
     raise DownloadError(f"could not connect to {describe(url)}")
@@ -277,7 +338,8 @@ async def _stream_to(response: httpx.Response, url: httpx.URL, policy: DownloadP
                 await asyncio.to_thread(write, bytes(pending))
                 pending.clear()
     except httpx.TimeoutException:
-        raise DownloadError(f"timed out reading from {describe(url)}") from None
+        raise DownloadError(f"timed out reading from {describe(url)}: no data for "
+                            f"{policy.stall_timeout_s:g} s") from None
     except httpx.HTTPError as exc:
         raise DownloadError(f"reading from {describe(url)} failed ({type(exc).__name__})") from None
     if pending:
@@ -287,8 +349,10 @@ async def _stream_to(response: httpx.Response, url: httpx.URL, policy: DownloadP
 
 async def _download(url: str, policy: DownloadPolicy, file, digest,
                     resolve: Resolver, verify: ssl.SSLContext) -> str | None:
-    timeout = httpx.Timeout(connect=policy.connect_timeout_s, read=policy.read_timeout_s,
-                            write=policy.read_timeout_s, pool=policy.connect_timeout_s)
+    # httpx's read timeout bounds each read of the socket, so it is a stall
+    # timeout: it starts again with every chunk that arrives.
+    timeout = httpx.Timeout(connect=policy.connect_timeout_s, read=policy.stall_timeout_s,
+                            write=policy.stall_timeout_s, pool=policy.connect_timeout_s)
     # trust_env=False: a proxy from the environment would undo the address pinning.
     async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False,
                                  transport=AsyncioTransport(verify=verify)) as client:
@@ -296,27 +360,35 @@ async def _download(url: str, policy: DownloadPolicy, file, digest,
         redirects = 0
         while True:
             addresses = await _resolve_checked(current, policy, resolve)
-            response = await _open(client, current, addresses)
-            try:
-                if response.status_code in REDIRECT_STATUSES:
-                    location = response.headers.get("location")
-                    if not location:
-                        raise DownloadError(f"{describe(current)} answered a redirect without a Location")
-                    redirects += 1
-                    if redirects > policy.max_redirects:
-                        raise Refused(f"refused: more than {policy.max_redirects} redirects")
-                    try:
-                        target = current.join(location)
-                    except Exception:
-                        raise Refused("refused: redirect to an invalid URL") from None
-                    current = _parse_checked(str(target), policy)
-                    continue
-                if not 200 <= response.status_code < 300:
-                    raise DownloadError(f"HTTP {response.status_code} from {describe(current)}")
-                await _stream_to(response, current, policy, file, digest)
-                return _content_type(response)
-            finally:
-                await response.aclose()
+            # Each hop holds a place at its own origin while its answer is open.
+            async with _place(policy, current):
+                response = await _open(client, current, addresses, policy)
+                try:
+                    if response.status_code in REDIRECT_STATUSES:
+                        location = response.headers.get("location")
+                        if not location:
+                            raise DownloadError(f"{describe(current)} answered a redirect without a Location")
+                        redirects += 1
+                        if redirects > policy.max_redirects:
+                            raise Refused(f"refused: more than {policy.max_redirects} redirects")
+                        try:
+                            target = current.join(location)
+                        except Exception:
+                            raise Refused("refused: redirect to an invalid URL") from None
+                        current = _parse_checked(str(target), policy)
+                        continue
+                    if not 200 <= response.status_code < 300:
+                        raise DownloadError(f"HTTP {response.status_code} from {describe(current)}")
+                    await _stream_to(response, current, policy, file, digest)
+                    return _content_type(response)
+                finally:
+                    await response.aclose()
+
+
+def _place(policy: DownloadPolicy, url: httpx.URL) -> contextlib.AbstractAsyncContextManager[None]:
+    if policy.host_limiter is None:
+        return contextlib.nullcontext()
+    return policy.host_limiter.place(origin(url), policy.host_wait_s)
 
 
 async def download_to_file(url: str, policy: DownloadPolicy, directory: str, *,
@@ -337,7 +409,7 @@ async def download_to_file(url: str, policy: DownloadPolicy, directory: str, *,
             async with asyncio.timeout(policy.total_timeout_s):
                 content_type = await _download(url, policy, file, digest, resolve,
                                                verify or _default_ssl_context())
-        size = os.path.getsize(path)
+            size = file.tell()  # every byte went through file.write, in order
         return Downloaded(path=path, bytes=size, sha256=digest.hexdigest(), content_type=content_type)
     except TimeoutError:
         _remove(path)

@@ -55,7 +55,7 @@ def render(s: dict) -> str:
 
 
 async def status_command(settings: Settings) -> int:
-    conn = await db.connect(settings.database_url, role="status")
+    conn = await db.connect(settings.dsn, role="status")
     try:
         print(render(await collect(conn)))
     finally:

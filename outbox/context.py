@@ -11,7 +11,7 @@ import asyncpg
 
 from app import db
 from app.config import Settings
-from app.download import DownloadPolicy
+from app.download import DownloadPolicy, HostLimiter
 from app.metrics import Metrics
 from app.providers import build_providers, close_providers
 from app.providers.base import Provider
@@ -28,11 +28,13 @@ class Context:
     secretbox: SecretBox
     metrics: Metrics
     download_dir: str
+    # Every download of this settler process shares it (per-origin limit).
+    host_limiter: HostLimiter
 
     @classmethod
     async def open(cls, settings: Settings, *, pool_size: int = 10,
                    provider_timeout_s: float | None = None) -> Context:
-        pool = await db.create_pool(settings.database_url, role="settler", min_size=1, max_size=pool_size)
+        pool = await db.create_pool(settings.dsn, role="settler", min_size=1, max_size=pool_size)
         _remove_orphaned_download_dirs()
         download_dir = os.path.join(tempfile.gettempdir(), f"{DOWNLOAD_DIR_PREFIX}{os.getpid()}")
         os.makedirs(download_dir, exist_ok=True)
@@ -40,12 +42,17 @@ class Context:
                    providers=build_providers(settings, timeout_s=provider_timeout_s or settings.provider_timeout_s),
                    storage=open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url),
                    secretbox=SecretBox(settings.secret_keys), metrics=Metrics(),
-                   download_dir=download_dir)
+                   download_dir=download_dir, host_limiter=HostLimiter(settings.downloads_per_host))
 
     def download_policy(self, provider: Provider) -> DownloadPolicy:
+        """How `provider`'s outputs may be fetched: https from its own output
+        hosts at public addresses; plain http (and loopback) only from that
+        provider's own configured loopback origin, never another's."""
         return DownloadPolicy(allowed_hosts=tuple(provider.facts.output_hosts),
-                              plain_http_origins=self.settings.plain_http_origins(),
-                              max_bytes=self.settings.max_output_bytes)
+                              plain_http_origins=self.settings.plain_http_origins(provider.name),
+                              max_bytes=self.settings.max_output_bytes,
+                              stall_timeout_s=self.settings.download_stall_timeout_s,
+                              host_limiter=self.host_limiter)
 
     async def close(self) -> None:
         await close_providers(self.providers)

@@ -80,6 +80,11 @@ def make_settings(migrated, tmp_objects):
             "SECRET_KEY": "test-secret-key-0123456789",
             "STORAGE_URL": f"file://{tmp_objects}",
             "ADMIN_TOKEN": "test-admin-token",
+            # Provider `sim` exists only with SIM_URL set; tests that run jobs
+            # pass their simulator's URL. Port 9 (discard) has no server, so a
+            # test that forgets fails at once rather than reaching a simulator
+            # someone runs on 8787. SIM_URL="" unsets it.
+            "SIM_URL": "http://127.0.0.1:9",
         }
         env.update({k: str(v) for k, v in overrides.items() if v is not None})
         return load_settings(env)

@@ -5,19 +5,21 @@ dict `build_providers` returns, keyed by provider name.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.providers.base import Provider
+from app.vocabulary import ProviderName
 
 if TYPE_CHECKING:
     from app.config import Settings
 
-KNOWN_PROVIDERS = ("sim", "replicate", "fal", "kie")
+KNOWN_PROVIDERS = tuple(ProviderName)
 
 
 def build_providers(settings: Settings, *, timeout_s: float = 30.0) -> dict[str, Provider]:
-    """One adapter per known provider, each with its own HTTP client (close
-    them with `close_providers`)."""
+    """One adapter per configured provider, each with its own HTTP client
+    (close them with `close_providers`). `sim` exists only when SIM_URL is
+    set: a name that is not built is an unknown provider to the web tier."""
     # Imported here so that importing `app.providers.base` stays light.
     from app.providers.fal import FalProvider
     from app.providers.kie import KieProvider
@@ -25,25 +27,26 @@ def build_providers(settings: Settings, *, timeout_s: float = 30.0) -> dict[str,
     from app.providers.sim import SimProvider
 
     # STALE_AFTER_S replaces each adapter's own lost-webhook check when set.
-    stale = {"stale_after_s": settings.stale_after_s} if settings.stale_after_s else {}
-    return {
-        "sim": SimProvider(settings.sim_url, timeout_s=timeout_s, **stale),
-        "replicate": ReplicateProvider(
-            settings.replicate_base_url,
-            settings.replicate_api_token,
-            webhook_secret=settings.replicate_webhook_secret,
-            timeout_s=timeout_s,
-            **stale,
-        ),
-        "fal": FalProvider(
-            settings.fal_base_url, settings.fal_key, jwks_url=settings.fal_jwks_url, timeout_s=timeout_s,
-            **stale,
-        ),
-        "kie": KieProvider(
-            settings.kie_base_url, settings.kie_api_key,
-            secret_keys=settings.secret_keys, timeout_s=timeout_s, **stale,
-        ),
-    }
+    stale: dict[str, Any] = {"stale_after_s": settings.stale_after_s} if settings.stale_after_s else {}
+    providers: dict[str, Provider] = {}
+    if settings.sim_url is not None:
+        providers[ProviderName.SIM] = SimProvider(settings.sim_url, timeout_s=timeout_s, **stale)
+    providers[ProviderName.REPLICATE] = ReplicateProvider(
+        settings.replicate_base_url,
+        settings.replicate_api_token,
+        webhook_secret=settings.replicate_webhook_secret,
+        timeout_s=timeout_s,
+        **stale,
+    )
+    providers[ProviderName.FAL] = FalProvider(
+        settings.fal_base_url, settings.fal_key, jwks_url=settings.fal_jwks_url, timeout_s=timeout_s,
+        **stale,
+    )
+    providers[ProviderName.KIE] = KieProvider(
+        settings.kie_base_url, settings.kie_api_key,
+        secret_keys=settings.secret_keys, timeout_s=timeout_s, **stale,
+    )
+    return providers
 
 
 async def close_providers(providers: dict[str, Provider]) -> None:

@@ -21,7 +21,7 @@ FAILURE_REASON = "simulated failure (input.outcome = 'failed')"
 CANCEL_REASON = "cancelled"
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"

@@ -6,12 +6,13 @@ import json
 import logging
 import math
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from app.origins import origin_of
 
 MAX_BODY = 1024 * 1024
 MAX_IDEMPOTENCY_KEY = 255
@@ -61,12 +62,11 @@ def is_http_url(value: Any) -> bool:
     if not isinstance(value, str) or len(value) > 2048 or not value.isprintable() or " " in value:
         return False
     try:
-        parts = urlsplit(value)
-        parts.port  # raises on a port out of range
-        httpx.URL(value)
+        origin_of(value)  # an http(s) scheme, a host, a port from 1 to 65535
+        httpx.URL(value)  # and a URL an HTTP client will take
     except (ValueError, httpx.InvalidURL):
         return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
+    return True
 
 
 def server_base(request: Request) -> str:
