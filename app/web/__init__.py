@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import asyncpg
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from app import db
 from app.config import Settings
@@ -20,6 +22,7 @@ from app.metrics import Metrics
 from app.providers import build_providers, close_providers
 from app.signing.secretbox import SecretBox
 from app.storage import open_storage
+from app.vocabulary import ApiErrorCode
 from app.web import admin, health, jobs, openapi, webhooks
 from app.web.access_log import AccessLog
 from app.web.auth import require_owner
@@ -38,12 +41,23 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
     return error_response(exc.code, exc.message, exc.headers)
 
 
+def allowed_methods(routes: list[BaseRoute], path: str) -> str:
+    """The Allow header for a path: the methods of every route on it (one
+    path may have several Route entries, one per method)."""
+    methods: set[str] = set()
+    for route in routes:
+        if isinstance(route, Route) and route.methods and route.path_regex.match(path):
+            methods |= route.methods
+    return ", ".join(sorted(methods))
+
+
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     if exc.status_code == 405:
-        return error_response("method_not_allowed", "method not allowed on this route")
+        return error_response(ApiErrorCode.METHOD_NOT_ALLOWED, "method not allowed on this route",
+                              {"Allow": allowed_methods(request.app.routes, request.url.path)})
     if exc.status_code == 404:
-        return error_response("not_found", "no such route")
-    return JSONResponse({"error": {"code": "invalid_request", "message": str(exc.detail)}},
+        return error_response(ApiErrorCode.NOT_FOUND, "no such route")
+    return JSONResponse({"error": {"code": ApiErrorCode.INVALID_REQUEST, "message": str(exc.detail)}},
                         status_code=exc.status_code)
 
 
@@ -62,13 +76,14 @@ async def _database_away(request: Request, exc: Exception) -> JSONResponse:
     # Registered per class (not under Exception) so Starlette answers without
     # re-raising: an expected outage is one warning line, not a traceback.
     log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
-    return error_response("unavailable", "the database is unavailable; try again shortly", {"Retry-After": "1"})
+    return error_response(ApiErrorCode.UNAVAILABLE, "the database is unavailable; try again shortly",
+                          {"Retry-After": "1"})
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Never echo the exception: it may carry anything.
     log.error("unhandled error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
-    return error_response("internal", "internal error")
+    return error_response(ApiErrorCode.INTERNAL, "internal error")
 
 
 ROUTES = [
@@ -93,14 +108,15 @@ def create_app(settings: Settings, *, pool_size: int = 20) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         state = app.state
+        database_url = settings.dsn
         state.settings = settings
         state.metrics = Metrics()
         state.secretbox = SecretBox(settings.secret_keys)
-        state.pool = await db.create_pool(settings.database_url, role="web", min_size=2,
+        state.pool = await db.create_pool(database_url, role="web", min_size=2,
                                           max_size=pool_size)
         state.providers = build_providers(settings, timeout_s=settings.provider_timeout_s)
         state.storage = open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url)
-        state.job_changes = JobChanges(settings.database_url)
+        state.job_changes = JobChanges(database_url)
         await state.job_changes.start()
         try:
             yield
@@ -110,12 +126,12 @@ def create_app(settings: Settings, *, pool_size: int = 20) -> Starlette:
             await state.storage.aclose()
             await state.pool.close()
 
-    app = Starlette(
-        routes=ROUTES,
-        lifespan=lifespan,
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected,
-                            **{kind: _database_away for kind in DATABASE_DOWN}},
-    )
+    handlers: dict[Any, Callable] = {ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected,
+                                     **{kind: _database_away for kind in DATABASE_DOWN}}
+    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers=handlers)
+    # No redirect from `/v1/jobs/` to `/v1/jobs`: Starlette builds that Location
+    # from the request's Host header, which the client chooses. A 404 instead.
+    app.router.redirect_slashes = False
     app.add_middleware(AccessLog)
     return app
 

@@ -1,24 +1,34 @@
 """Our access log and request counter, replacing uvicorn's (which prints
 query strings, where read tokens and capability tokens travel). Logs the
-path only, with job ids kept (they are not secrets) and never a query."""
+path only, with job ids kept (they are not secrets) and never a query.
+
+The counter's labels are bounded whatever the client sends: the route is
+the template of the route that matched (`/v1/jobs/{job_id}`), `other` when
+none did, and the method one of a fixed few — never the raw path, which
+anyone can make unique per request."""
 from __future__ import annotations
 
 import logging
-import re
 import time
 
 from app.metrics import HTTP_REQUESTS
 
 log = logging.getLogger("longcall.access")
-_JOB = re.compile(r"job_[0-9a-f]{24}")
-_INDEX = re.compile(r"/outputs/\d+")
+
+UNMATCHED = "other"
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-def route_of(path: str) -> str:
-    """A low-cardinality label for a path."""
-    route = _INDEX.sub("/outputs/{n}", _JOB.sub("{job_id}", path))
-    return route if route.startswith(("/v1/", "/webhooks/", "/healthz", "/readyz", "/metrics", "/openapi")) \
-        else "other"
+def route_label(scope) -> str:
+    """The matched route's template (Starlette leaves the route in the scope,
+    also for a 405 on a known path), or `other`."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else UNMATCHED
+
+
+def method_label(method: str) -> str:
+    return method if method in METHODS else UNMATCHED
 
 
 class AccessLog:
@@ -41,7 +51,7 @@ class AccessLog:
             await self.app(scope, receive, send_wrapper)
         finally:
             path = scope.get("path", "")
-            HTTP_REQUESTS.labels(scope["method"], route_of(path), str(status)).inc()
+            HTTP_REQUESTS.labels(method_label(scope["method"]), route_label(scope), str(status)).inc()
             if log.isEnabledFor(logging.INFO):
                 log.info("request", extra={"method": scope["method"], "path": path, "status": status,
                                            "ms": round((time.perf_counter() - started) * 1000, 2)})

@@ -8,8 +8,9 @@ from starlette.responses import JSONResponse, Response
 
 from app import ids
 from app.domain import jobs, recovery
+from app.vocabulary import ApiErrorCode, JobStatus
 from app.web.auth import read_token_for
-from app.web.body import read_json_object
+from app.web.body import MAX_PROVIDER_TASK_ID, read_json_object
 from app.web.errors import ApiError, not_found
 from app.web.render import render_job
 
@@ -17,10 +18,10 @@ from app.web.render import render_job
 def _require_admin(request: Request) -> None:
     token = request.app.state.settings.admin_token
     if not token:
-        raise ApiError("not_found", "no such route")
+        raise ApiError(ApiErrorCode.NOT_FOUND, "no such route")
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise ApiError("unauthenticated", "admin routes need 'Authorization: Bearer <ADMIN_TOKEN>'")
+        raise ApiError(ApiErrorCode.UNAUTHENTICATED, "admin routes need 'Authorization: Bearer <ADMIN_TOKEN>'")
 
 
 async def resolve_job(request: Request) -> Response:
@@ -30,12 +31,12 @@ async def resolve_job(request: Request) -> Response:
         raise not_found()
     body = await read_json_object(request)
     if set(body) == {"provider_task_id"} and isinstance(body["provider_task_id"], str) \
-            and 0 < len(body["provider_task_id"]) <= 500:
+            and 0 < len(body["provider_task_id"]) <= MAX_PROVIDER_TASK_ID:
         action = "task"
-    elif body == {"outcome": "failed"}:
-        action = "failed"
+    elif body == {"outcome": JobStatus.FAILED}:
+        action = "fail"
     else:
-        raise ApiError("invalid_request",
+        raise ApiError(ApiErrorCode.INVALID_REQUEST,
                        'body must be {"provider_task_id": "..."} or {"outcome": "failed"}')
     pool = request.app.state.pool
     try:
@@ -47,6 +48,7 @@ async def resolve_job(request: Request) -> Response:
     except LookupError:
         raise not_found() from None
     except recovery.InvalidState as e:
-        raise ApiError("invalid_state", f"only an uncertain job can be resolved; this one is {e}") from None
+        raise ApiError(ApiErrorCode.INVALID_STATE,
+                       f"only an uncertain job can be resolved; this one is {e}") from None
     row = await jobs.get_job(pool, job_id)
     return JSONResponse(render_job(row, read_token_for(request, job_id)))

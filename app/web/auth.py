@@ -7,6 +7,7 @@ from starlette.requests import Request
 
 from app.domain import owners
 from app.signing.tokens import check_read_token, make_read_token
+from app.vocabulary import ApiErrorCode
 from app.web.errors import ApiError
 
 READ_TOKEN_TTL_S = 24 * 3600
@@ -16,14 +17,14 @@ def bearer_key(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise ApiError("unauthenticated", "send an API key as 'Authorization: Bearer <key>'")
+        raise ApiError(ApiErrorCode.UNAUTHENTICATED, "send an API key as 'Authorization: Bearer <key>'")
     return key.strip()
 
 
 async def require_owner(request: Request) -> str:
     owner_id = await owners.authenticate(request.app.state.pool, bearer_key(request))
     if owner_id is None:
-        raise ApiError("unauthenticated", "the API key is not valid")
+        raise ApiError(ApiErrorCode.UNAUTHENTICATED, "the API key is not valid")
     return owner_id
 
 

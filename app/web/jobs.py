@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import datetime as dt
 import json
 
@@ -12,57 +13,72 @@ from app import ids
 from app.config import PROVIDERS
 from app.domain import jobs, owners
 from app.storage import ObjectNotFound
-from app.vocabulary import ALL_STATUSES, TERMINAL, JobStatus
+from app.vocabulary import ALL_STATUSES, TERMINAL, ApiErrorCode, JobStatus
+from app.web import outputs
 from app.web.auth import bearer_key, has_bearer, read_token_for, require_owner, token_allows
-from app.web.body import read_json_object
+from app.web.body import (
+    MAX_CREDITS,
+    MAX_CURSOR,
+    MAX_LIST_LIMIT,
+    MAX_MODEL_LENGTH,
+    MAX_WAIT_S,
+    idempotency_key,
+    invalid,
+    parse_output_index,
+    query_value,
+    read_json_object,
+)
 from app.web.errors import ApiError, not_found
 from app.web.render import render_job
 from outbox.roads import read as read_road
 
-CREATE_FIELDS = {"provider", "model", "input", "max_credits"}
-MAX_CREDITS = 10**12
-MAX_WAIT_S = 30
+CREATE_FIELDS = ("provider", "model", "input", "max_credits")
 CORS = {"Access-Control-Allow-Origin": "*", "Vary": "Origin"}
+# What an output response may do once in a browser: nothing. `sandbox` gives
+# a document a unique opaque origin with scripts off; nosniff stops a browser
+# from guessing a more active type than the one we send.
+OUTPUT_HEADERS = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"}
+# The cursors we issue hold a job's created_at; these bounds keep a forged
+# one inside what both Python and PostgreSQL can represent after any offset.
+CURSOR_EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+CURSOR_LATEST = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
 
 
 def _validate_create(body: dict) -> tuple[str, str, dict, int]:
-    unknown = set(body) - CREATE_FIELDS
+    """The fields of a create body (already free of NULs, surrogates,
+    non-finite numbers and deep nesting: app/web/body.py)."""
+    unknown = sorted(set(body) - set(CREATE_FIELDS))
     if unknown:
-        raise ApiError("invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
-    missing = [f for f in ("provider", "model", "input", "max_credits") if f not in body]
+        shown = ", ".join(json.dumps(name[:40]) for name in unknown[:5])
+        raise invalid(f"unknown field(s): {shown}")
+    missing = [f for f in CREATE_FIELDS if f not in body]
     if missing:
-        raise ApiError("invalid_request", f"missing field(s): {', '.join(missing)}")
+        raise invalid(f"missing field(s): {', '.join(missing)}")
     provider, model, input_, max_credits = body["provider"], body["model"], body["input"], body["max_credits"]
     if not isinstance(provider, str):
-        raise ApiError("invalid_request", "provider must be a string")
-    if not isinstance(model, str) or not model.strip() or len(model) > 200:
-        raise ApiError("invalid_request", "model must be a non-empty string of at most 200 characters")
+        raise invalid("provider must be a string")
+    if not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_LENGTH:
+        raise invalid(f"model must be a non-empty string of at most {MAX_MODEL_LENGTH} characters")
     if not isinstance(input_, dict):
-        raise ApiError("invalid_request", "input must be a JSON object")
+        raise invalid("input must be a JSON object")
     if isinstance(max_credits, bool) or not isinstance(max_credits, int):
-        raise ApiError("invalid_request", "max_credits must be a whole number")
+        raise invalid("max_credits must be a whole number")
     if not 1 <= max_credits <= MAX_CREDITS:
-        raise ApiError("invalid_request", f"max_credits must be between 1 and {MAX_CREDITS}")
+        raise invalid(f"max_credits must be between 1 and {MAX_CREDITS}")
     if provider not in PROVIDERS:
-        raise ApiError("unknown_provider", f"unknown provider {provider!r}; known: {', '.join(PROVIDERS)}")
-    if "\x00" in json.dumps(input_):
-        raise ApiError("invalid_request", "input must not contain NUL characters")
+        raise ApiError(ApiErrorCode.UNKNOWN_PROVIDER,
+                       f"unknown provider {json.dumps(provider[:40])}; known: {', '.join(PROVIDERS)}")
     return provider, model, input_, max_credits
-
-
-def _idempotency_key(request: Request) -> str | None:
-    key = request.headers.get("idempotency-key")
-    if key is None:
-        return None
-    if not 1 <= len(key) <= 255 or not key.isprintable():
-        raise ApiError("invalid_request", "Idempotency-Key must be 1 to 255 printable characters")
-    return key
 
 
 async def create_job(request: Request) -> Response:
     owner_id = await require_owner(request)
-    key = _idempotency_key(request)
+    key = idempotency_key(request)
     provider, model, input_, max_credits = _validate_create(await read_json_object(request))
+    built = request.app.state.providers  # `sim` only with SIM_URL set (app.providers.build_providers)
+    if provider not in built:
+        raise ApiError(ApiErrorCode.UNKNOWN_PROVIDER,
+                       f"unknown provider {json.dumps(provider[:40])}; known: {', '.join(built)}")
     settings = request.app.state.settings
     try:
         created = await jobs.create_job(
@@ -70,11 +86,11 @@ async def create_job(request: Request) -> Response:
             model=model, input=input_, max_credits=max_credits,
             give_up_after_s=settings.give_up_after(provider))
     except jobs.InsufficientCredits as e:
-        raise ApiError("insufficient_credits", str(e)) from None
+        raise ApiError(ApiErrorCode.INSUFFICIENT_CREDITS, str(e)) from None
     except jobs.CapacityExhausted as e:
-        raise ApiError("capacity_exhausted", str(e), {"Retry-After": "5"}) from None
+        raise ApiError(ApiErrorCode.CAPACITY_EXHAUSTED, str(e), {"Retry-After": "5"}) from None
     except jobs.IdempotencyConflict as e:
-        raise ApiError("idempotency_conflict", str(e)) from None
+        raise ApiError(ApiErrorCode.IDEMPOTENCY_CONFLICT, str(e)) from None
     row = created.row or await jobs.get_job(request.app.state.pool, created.job_id)
     body = render_job(row, read_token_for(request, created.job_id))
     if created.created:
@@ -91,7 +107,7 @@ async def _readable_job(request: Request, job_id: str):
         key_hash = owners.lookup_hash(bearer_key(request))
         row = key_hash and await jobs.get_job_with_key(request.app.state.pool, key_hash, job_id)
         if not row:
-            raise ApiError("unauthenticated", "the API key is not valid")
+            raise ApiError(ApiErrorCode.UNAUTHENTICATED, "the API key is not valid")
         if row["id"] is None:
             raise not_found()
         return row, False
@@ -102,19 +118,19 @@ async def _readable_job(request: Request, job_id: str):
         if row is None:
             raise not_found()
         return row, True
-    raise ApiError("unauthenticated", "send an API key as 'Authorization: Bearer <key>'")
+    raise ApiError(ApiErrorCode.UNAUTHENTICATED, "send an API key as 'Authorization: Bearer <key>'")
 
 
 def _wait_seconds(request: Request) -> float:
-    raw = request.query_params.get("wait")
+    raw = query_value(request, "wait")
     if raw is None:
         return 0.0
     try:
         value = float(raw)
     except ValueError:
-        raise ApiError("invalid_request", "wait must be a number of seconds") from None
-    if not 0 <= value <= MAX_WAIT_S:
-        raise ApiError("invalid_request", f"wait must be between 0 and {MAX_WAIT_S}")
+        raise invalid("wait must be a number of seconds") from None
+    if not 0 <= value <= MAX_WAIT_S:  # NaN fails this too
+        raise invalid(f"wait must be between 0 and {MAX_WAIT_S}")
     return value
 
 
@@ -140,15 +156,31 @@ async def _maybe_recheck(request: Request, row) -> None:
         await read_road.ask_for_settle(request.app.state.pool, row["id"], settings.read_recheck_after_s)
 
 
-def _decode_cursor(raw: str) -> tuple[dt.datetime, str]:
+def decode_cursor(raw: str) -> tuple[dt.datetime, str]:
+    """A `next_cursor` we issued, back as (created_at in UTC, job id). A forged
+    one is a 400, whatever it holds: it never reaches PostgreSQL unbounded."""
+    bad = invalid("cursor is not valid")
+    if len(raw) > MAX_CURSOR:
+        raise bad
     try:
-        created_at, job_id = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        decoded = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+    except (ValueError, binascii.Error, RecursionError):
+        raise bad from None
+    if not (isinstance(decoded, list) and len(decoded) == 2 and all(isinstance(v, str) for v in decoded)):
+        raise bad
+    created_at, job_id = decoded
+    if not ids.is_job_id(job_id):
+        raise bad
+    try:
         parsed = dt.datetime.fromisoformat(created_at)
-        if not ids.is_job_id(job_id) or parsed.tzinfo is None:
-            raise ValueError
-        return parsed, job_id
-    except Exception:
-        raise ApiError("invalid_request", "cursor is not valid") from None
+        if parsed.tzinfo is None:
+            raise bad
+        parsed = parsed.astimezone(dt.UTC)  # an offset near year 1 or 9999 overflows here
+    except (ValueError, OverflowError):
+        raise bad from None
+    if not CURSOR_EARLIEST <= parsed < CURSOR_LATEST:
+        raise bad
+    return parsed, job_id
 
 
 def _encode_cursor(row) -> str:
@@ -158,20 +190,23 @@ def _encode_cursor(row) -> str:
 
 async def list_jobs(request: Request) -> Response:
     owner_id = await require_owner(request)
-    q = request.query_params
-    unknown = set(q.keys()) - {"status", "limit", "cursor"}
+    unknown = sorted(set(request.query_params.keys()) - {"status", "limit", "cursor"})
     if unknown:
-        raise ApiError("invalid_request", f"unknown parameter(s): {', '.join(sorted(unknown))}")
-    status = q.get("status")
+        shown = ", ".join(json.dumps(name[:40]) for name in unknown[:5])
+        raise invalid(f"unknown parameter(s): {shown}")
+    status = query_value(request, "status")
     if status is not None and status not in ALL_STATUSES:
-        raise ApiError("invalid_request", f"status must be one of {', '.join(ALL_STATUSES)}")
-    try:
-        limit = int(q.get("limit", "20"))
-    except ValueError:
-        raise ApiError("invalid_request", "limit must be a whole number") from None
-    if not 1 <= limit <= 100:
-        raise ApiError("invalid_request", "limit must be between 1 and 100")
-    after = _decode_cursor(q["cursor"]) if q.get("cursor") else None
+        raise invalid(f"status must be one of {', '.join(ALL_STATUSES)}")
+    limit_raw = query_value(request, "limit")
+    if limit_raw is None:
+        limit_raw = "20"
+    if not limit_raw.isascii() or not limit_raw.isdigit():
+        raise invalid("limit must be a whole number")
+    limit = int(limit_raw)
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise invalid(f"limit must be between 1 and {MAX_LIST_LIMIT}")
+    cursor = query_value(request, "cursor")
+    after = decode_cursor(cursor) if cursor else None
     rows = await jobs.list_jobs(request.app.state.pool, owner_id, status=status, limit=limit + 1,
                                 after=after)
     page = rows[:limit]
@@ -192,7 +227,8 @@ async def cancel_job(request: Request) -> Response:
     async with pool.acquire() as conn:
         closed = await jobs.close(conn, job_id, JobStatus.CANCELLED, cancel_at_provider=True)
     if closed is None:
-        raise ApiError("invalid_state", f"the job is already {(await jobs.get_job(pool, job_id))['status']}")
+        now = await jobs.get_job(pool, job_id)
+        raise ApiError(ApiErrorCode.INVALID_STATE, f"the job is already {now['status'] if now else 'gone'}")
     request.app.state.metrics.job_finished(row["provider"], JobStatus.CANCELLED, closed)
     row = await jobs.get_job(pool, job_id)
     return JSONResponse(render_job(row, read_token_for(request, job_id)))
@@ -201,16 +237,16 @@ async def cancel_job(request: Request) -> Response:
 async def read_output(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     row, via_token = await _readable_job(request, job_id)
-    try:
-        index = int(request.path_params["index"])
-    except ValueError:
-        raise not_found("output") from None
-    asset = next((a for a in row["outputs"] if a["index"] == index), None)
+    index = parse_output_index(request.path_params["index"])
+    asset = next((a for a in row["outputs"] if a["index"] == index), None) if index is not None else None
     if asset is None:
         raise not_found("output")
     storage = request.app.state.storage
-    headers = dict(CORS) if via_token else {}
-    url = await storage.presigned_url(asset["storage_key"], 60)
+    content_type = outputs.served_type(asset["content_type"])
+    disposition = outputs.disposition(asset["content_type"], f"{job_id}-{index}")
+    headers = {**(CORS if via_token else {}), **OUTPUT_HEADERS}
+    url = await storage.presigned_url(asset["storage_key"], 60, content_type=content_type,
+                                      content_disposition=disposition)
     if url is not None:
         return RedirectResponse(url, status_code=302, headers=headers)
     try:
@@ -219,9 +255,8 @@ async def read_output(request: Request) -> Response:
         raise not_found("output") from None
     headers["Content-Length"] = str(asset["bytes"])
     headers["ETag"] = f'"{asset["sha256"]}"'
-    return StreamingResponse(stream,
-                             media_type=asset["content_type"] or "application/octet-stream",
-                             headers=headers)
+    headers["Content-Disposition"] = disposition
+    return StreamingResponse(stream, media_type=content_type, headers=headers)
 
 
 async def cors_preflight(request: Request) -> Response:

@@ -1,128 +1,276 @@
-"""The API's OpenAPI document (served at /openapi.json), written by hand so
-it says exactly what CONTRACT.md says."""
+"""The API's OpenAPI document (served at /openapi.json), written from the
+same tables the server runs on: error codes and their statuses, job
+statuses and job error codes from app/vocabulary.py, the limits from
+app/web/body.py, the providers from app/config.py. Where the document
+describes a response, the server sends exactly that (`make fuzz` checks
+every answer against it)."""
 from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-_ERROR = {"$ref": "#/components/schemas/Error"}
+from app.config import PROVIDERS
+from app.ids import JOB_ID
+from app.vocabulary import ALL_STATUSES, API_ERROR_STATUS, ApiErrorCode, JobError, JobStatus
+from app.web.body import (
+    IDEMPOTENCY_KEY_PATTERN,
+    MAX_CREDITS,
+    MAX_CURSOR,
+    MAX_IDEMPOTENCY_KEY,
+    MAX_LIST_LIMIT,
+    MAX_MODEL_LENGTH,
+    MAX_OUTPUT_INDEX_DIGITS,
+    MAX_PROVIDER_TASK_ID,
+    MAX_WAIT_S,
+)
+from app.web.outputs import OCTET_STREAM
+
 _JOB = {"$ref": "#/components/schemas/Job"}
+_STRING = {"type": "string"}
+_INTEGER = {"type": "integer"}
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again", "required": True,
+                                "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
+# The answers that carry headers of their own (CONTRACT.md: HTTP API).
+_ERROR_HEADERS: dict[ApiErrorCode, dict] = {
+    ApiErrorCode.CAPACITY_EXHAUSTED: _RETRY_AFTER,
+    ApiErrorCode.UNAVAILABLE: _RETRY_AFTER,
+}
 
 
-def _resp(description: str, schema: dict | None = None) -> dict:
-    r: dict = {"description": description}
-    if schema:
-        r["content"] = {"application/json": {"schema": schema}}
+def _json(description: str, schema: dict, headers: dict | None = None) -> dict:
+    r: dict = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        r["headers"] = headers
     return r
 
 
-def _errors(*codes: int) -> dict:
-    return {str(c): _resp("error", _ERROR) for c in codes}
+def error_schema(codes: list[str]) -> dict:
+    return {"type": "object", "required": ["error"], "additionalProperties": False, "properties": {"error": {
+        "type": "object", "required": ["code", "message"], "additionalProperties": False,
+        "properties": {"code": {"type": "string", "enum": codes}, "message": _STRING}}}}
 
 
-_JOB_ID = {"name": "job_id", "in": "path", "required": True,
-           "schema": {"type": "string", "pattern": "^job_[0-9a-f]{24}$"}}
+def _errors(*codes: ApiErrorCode) -> dict:
+    """Responses for these error codes, grouped by status: each status lists
+    exactly the codes the vocabulary gives it."""
+    by_status: dict[int, list[str]] = {}
+    for code in codes:
+        by_status.setdefault(API_ERROR_STATUS[code], []).append(code.value)
+    responses = {}
+    for status, names in sorted(by_status.items()):
+        headers: dict = {}
+        for name in names:
+            headers.update(_ERROR_HEADERS.get(ApiErrorCode(name), {}))
+        responses[str(status)] = _json(", ".join(names), error_schema(names), headers)
+    return responses
+
+
+E = ApiErrorCode
+# Every route that reads the database may answer 503 while it is out of reach.
+_DB = (E.UNAVAILABLE,)
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": JOB_ID.pattern}}
+_TOKEN = {"name": "token", "in": "query", "required": False, "description": "the job's read token (status_url)",
+          "schema": _STRING}
+_NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
+
+SCHEMAS = {
+    "Error": error_schema([c.value for c in ApiErrorCode]),
+    "CreateJob": {
+        "type": "object", "additionalProperties": False,
+        "required": ["provider", "model", "input", "max_credits"],
+        "properties": {
+            "provider": {"type": "string", "enum": list(PROVIDERS)},
+            "model": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_LENGTH, "pattern": r"\S",
+                      "description": "not blank; no NUL, no lone surrogate"},
+            "input": {"type": "object", "description": "any JSON object: no NUL, no lone surrogate, finite "
+                                                       "numbers, the whole body nested at most 64 deep"},
+            "max_credits": {"type": "integer", "minimum": 1, "maximum": MAX_CREDITS}}},
+    "Output": {
+        "type": "object", "additionalProperties": False,
+        "required": ["index", "url", "content_type", "bytes", "sha256"],
+        "properties": {"index": {"type": "integer", "minimum": 0}, "url": _STRING,
+                       "content_type": {"type": ["string", "null"]}, "bytes": {"type": "integer", "minimum": 0},
+                       "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
+    "Job": {
+        "type": "object", "additionalProperties": False,
+        "required": ["id", "status", "provider", "model", "input", "created_at", "updated_at", "finished_at",
+                     "credits", "outputs", "error", "status_url"],
+        "properties": {
+            "id": {"type": "string", "pattern": JOB_ID.pattern},
+            "status": {"type": "string", "enum": [s.value for s in ALL_STATUSES]},
+            "provider": {"type": "string", "enum": list(PROVIDERS)},
+            "model": _STRING,
+            "input": {"type": "object"},
+            "created_at": {"type": "string", "format": "date-time"},
+            "updated_at": {"type": "string", "format": "date-time"},
+            "finished_at": _NULLABLE_TIME,
+            "credits": {"type": "object", "additionalProperties": False,
+                        "required": ["reserved", "charged", "refunded"],
+                        "properties": {"reserved": _INTEGER, "charged": _INTEGER, "refunded": _INTEGER}},
+            "outputs": {"type": "array", "items": {"$ref": "#/components/schemas/Output"}},
+            "error": {"oneOf": [{"type": "null"}, {
+                "type": "object", "additionalProperties": False, "required": ["code", "message"],
+                "properties": {"code": {"type": "string", "enum": [c.value for c in JobError]},
+                               "message": _STRING}}]},
+            "status_url": _STRING}},
+    "Account": {
+        "type": "object", "additionalProperties": False,
+        "required": ["owner_id", "credits", "active", "max_active"],
+        "properties": {
+            "owner_id": _STRING,
+            "credits": {"type": "object", "additionalProperties": False,
+                        "required": ["balance", "reserved", "charged"],
+                        "properties": {"balance": _INTEGER, "reserved": _INTEGER, "charged": _INTEGER}},
+            "active": _INTEGER, "max_active": _INTEGER}},
+    "Health": {"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean"},
+                                                                  "database": _STRING}},
+}
+
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "description": f"1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters, surrounding whitespace stripped",
+    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY,
+               "pattern": IDEMPOTENCY_KEY_PATTERN}}
+# A preflight answers the same for any path (it tells nothing about a job).
+_CORS_PREFLIGHT = {"summary": "CORS preflight (token reads answer cross-origin)", "security": [],
+                   "responses": {"204": {"description": "allowed"}}}
+_ANY_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": _STRING}
+
+# What a created job's id leads to (OpenAPI links: clients and fuzzers follow them).
+_JOB_LINKS = {
+    "readJob": {"operationId": "readJob", "parameters": {"job_id": "$response.body#/id"}},
+    "cancelJob": {"operationId": "cancelJob", "parameters": {"job_id": "$response.body#/id"}},
+    "readOutput": {"operationId": "readOutput", "parameters": {"job_id": "$response.body#/id", "index": "0"}},
+}
+
+
+def _linked(response: dict) -> dict:
+    return {**response, "links": _JOB_LINKS}
+
+
+PATHS = {
+    "/v1/jobs": {
+        "post": {
+            "operationId": "createJob",
+            "summary": "Create a job (no provider call happens in this request)",
+            "parameters": [_IDEMPOTENCY_KEY],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/CreateJob"}}}},
+            "responses": {
+                "202": _linked(_json("created", _JOB, {"Location": {"required": True, "schema": _STRING}})),
+                "200": _linked(_json("the same key and payload again: the same job", _JOB,
+                                     {"Location": {"required": True, "schema": _STRING}})),
+                **_errors(E.INVALID_REQUEST, E.UNAUTHENTICATED, E.INSUFFICIENT_CREDITS, E.IDEMPOTENCY_CONFLICT,
+                          E.PAYLOAD_TOO_LARGE, E.UNKNOWN_PROVIDER, E.CAPACITY_EXHAUSTED, *_DB)}},
+        "get": {
+            "operationId": "listJobs",
+            "summary": "The owner's jobs, newest first",
+            "parameters": [
+                {"name": "status", "in": "query", "required": False,
+                 "schema": {"type": "string", "enum": [s.value for s in ALL_STATUSES]}},
+                {"name": "limit", "in": "query", "required": False,
+                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": 20}},
+                {"name": "cursor", "in": "query", "required": False, "description": "a next_cursor from a page",
+                 "schema": {"type": "string", "maxLength": MAX_CURSOR}}],
+            "responses": {
+                "200": _json("a page of jobs", {
+                    "type": "object", "additionalProperties": False, "required": ["jobs", "next_cursor"],
+                    "properties": {"jobs": {"type": "array", "items": _JOB},
+                                   "next_cursor": {"type": ["string", "null"]}}}),
+                **_errors(E.INVALID_REQUEST, E.UNAUTHENTICATED, *_DB)}},
+    },
+    "/v1/jobs/{job_id}": {
+        "get": {
+            "operationId": "readJob",
+            "summary": "Read a job (API key, or its read token)",
+            "security": [{"bearer": []}, {}],
+            "parameters": [_JOB_ID, _TOKEN,
+                           {"name": "wait", "in": "query", "required": False,
+                            "description": "hold the request until the job changes or this many seconds pass",
+                            "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}}],
+            "responses": {"200": _json("the job", _JOB),
+                          **_errors(E.INVALID_REQUEST, E.UNAUTHENTICATED, E.NOT_FOUND, *_DB)}},
+        "options": {**_CORS_PREFLIGHT, "operationId": "jobPreflight", "parameters": [_ANY_JOB_ID]},
+    },
+    "/v1/jobs/{job_id}/cancel": {"post": {
+        "operationId": "cancelJob",
+        "summary": "Cancel a job not yet terminal (refunded in this request)",
+        "parameters": [_JOB_ID],
+        "responses": {"200": _json("the cancelled job", _JOB),
+                      **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, E.INVALID_STATE, *_DB)}}},
+    "/v1/jobs/{job_id}/outputs/{index}": {
+        "get": {
+            "operationId": "readOutput",
+            "summary": "An output's bytes (or a redirect to a short-lived URL with the same headers); "
+                       "inline only for passive image/audio/video types, else an attachment",
+            "security": [{"bearer": []}, {}],
+            "parameters": [_JOB_ID,
+                           {"name": "index", "in": "path", "required": True,
+                            "description": "ASCII digits without sign or leading zeros",
+                            "schema": {"type": "string",
+                                       "pattern": f"^(0|[1-9][0-9]{{0,{MAX_OUTPUT_INDEX_DIGITS - 1}}})$"}},
+                           _TOKEN],
+            "responses": {
+                "200": {"description": "the bytes",
+                        "headers": {
+                            "Content-Disposition": {"required": True, "schema": _STRING},
+                            "X-Content-Type-Options": {"required": True, "schema": {"const": "nosniff"}},
+                            "Content-Security-Policy": {"required": True, "schema": {"const": "sandbox"}}},
+                        "content": {"*/*": {"schema": {"type": "string", "format": "binary"}},
+                                    OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}}}},
+                "302": {"description": "a presigned URL (S3 storage)",
+                        "headers": {"Location": {"required": True, "schema": _STRING}}},
+                **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, *_DB)}},
+        "options": {**_CORS_PREFLIGHT, "operationId": "outputPreflight", "parameters": [
+            _ANY_JOB_ID, {"name": "index", "in": "path", "required": True, "schema": _STRING}]},
+    },
+    "/v1/account": {"get": {
+        "operationId": "readAccount",
+        "summary": "The owner's credits and capacity",
+        "responses": {"200": _json("the account", {"$ref": "#/components/schemas/Account"}),
+                      **_errors(E.UNAUTHENTICATED, *_DB)}}},
+    "/v1/admin/jobs/{job_id}/resolve": {"post": {
+        "operationId": "resolveJob",
+        "summary": "Resolve an uncertain job (Authorization: Bearer ADMIN_TOKEN; 404 while it is unset)",
+        "parameters": [_JOB_ID],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {"oneOf": [
+            {"type": "object", "additionalProperties": False, "required": ["provider_task_id"],
+             "properties": {"provider_task_id": {"type": "string", "minLength": 1,
+                                                 "maxLength": MAX_PROVIDER_TASK_ID}}},
+            {"type": "object", "additionalProperties": False, "required": ["outcome"],
+             "properties": {"outcome": {"const": JobStatus.FAILED.value}}}]}}}},
+        "responses": {"200": _json("the job", _JOB),
+                      **_errors(E.INVALID_REQUEST, E.UNAUTHENTICATED, E.NOT_FOUND, E.INVALID_STATE,
+                                E.PAYLOAD_TOO_LARGE, *_DB)}}},
+    "/webhooks/{provider}/{job_id}": {"post": {
+        "operationId": "receiveWebhook",
+        "summary": "Provider webhooks, verified at arrival on the raw bytes; one uniform 401 for any failure",
+        "security": [],
+        "parameters": [{"name": "provider", "in": "path", "required": True, "schema": _STRING},
+                       {"name": "job_id", "in": "path", "required": True, "schema": _STRING}],
+        "requestBody": {"required": False, "content": {"*/*": {"schema": {}}}},
+        "responses": {"204": {"description": "accepted"},
+                      **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, E.PAYLOAD_TOO_LARGE, *_DB)}}},
+    "/healthz": {"get": {"operationId": "healthz", "summary": "Liveness", "security": [],
+                         "responses": {"200": _json("alive", {"$ref": "#/components/schemas/Health"})}}},
+    "/readyz": {"get": {"operationId": "readyz", "summary": "Database reachable", "security": [],
+                        "responses": {"200": _json("ready", {"$ref": "#/components/schemas/Health"}),
+                                      "503": _json("database unreachable", {"$ref": "#/components/schemas/Health"})}}},
+    "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics", "security": [],
+                         "responses": {"200": {"description": "Prometheus text format",
+                                               "content": {"text/plain": {"schema": _STRING}}}}}},
+    "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document", "security": [],
+                              "responses": {"200": _json("OpenAPI 3.1", {"type": "object"})}}},
+}
 
 DOCUMENT = {
     "openapi": "3.1.0",
     "info": {"title": "longcall", "version": "0.1.0",
-             "description": "Durable, paid calls to external AI providers."},
-    "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "schemas": {
-            "Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                "type": "object", "required": ["code", "message"],
-                "properties": {"code": {"type": "string", "enum": [
-                    "unauthenticated", "not_found", "invalid_request", "payload_too_large",
-                    "unknown_provider", "insufficient_credits", "capacity_exhausted",
-                    "idempotency_conflict", "invalid_state"]},
-                    "message": {"type": "string"}}}}},
-            "CreateJob": {"type": "object", "additionalProperties": False,
-                          "required": ["provider", "model", "input", "max_credits"],
-                          "properties": {"provider": {"type": "string", "enum": ["sim", "replicate", "fal", "kie"]},
-                                         "model": {"type": "string", "minLength": 1, "maxLength": 200},
-                                         "input": {"type": "object"},
-                                         "max_credits": {"type": "integer", "minimum": 1}}},
-            "Output": {"type": "object", "properties": {
-                "index": {"type": "integer"}, "url": {"type": "string"},
-                "content_type": {"type": ["string", "null"]}, "bytes": {"type": "integer"},
-                "sha256": {"type": "string"}}},
-            "Job": {"type": "object", "properties": {
-                "id": {"type": "string"},
-                "status": {"type": "string", "enum": ["queued", "submitting", "running", "uncertain",
-                                                      "succeeded", "failed", "cancelled", "expired"]},
-                "provider": {"type": "string"}, "model": {"type": "string"}, "input": {"type": "object"},
-                "created_at": {"type": "string", "format": "date-time"},
-                "updated_at": {"type": "string", "format": "date-time"},
-                "finished_at": {"type": ["string", "null"], "format": "date-time"},
-                "credits": {"type": "object", "properties": {
-                    "reserved": {"type": "integer"}, "charged": {"type": "integer"},
-                    "refunded": {"type": "integer"}}},
-                "outputs": {"type": "array", "items": {"$ref": "#/components/schemas/Output"}},
-                "error": {"type": ["object", "null"], "properties": {
-                    "code": {"type": "string"}, "message": {"type": "string"}}},
-                "status_url": {"type": "string"}}},
-            "Account": {"type": "object", "properties": {
-                "owner_id": {"type": "string"},
-                "credits": {"type": "object", "properties": {
-                    "balance": {"type": "integer"}, "reserved": {"type": "integer"},
-                    "charged": {"type": "integer"}}},
-                "active": {"type": "integer"}, "max_active": {"type": "integer"}}},
-        },
-    },
+             "description": "Durable, paid calls to external AI providers. Errors are "
+                            '`{"error": {"code", "message"}}`; a 405 carries `Allow`.'},
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": SCHEMAS},
     "security": [{"bearer": []}],
-    "paths": {
-        "/v1/jobs": {
-            "post": {"summary": "Create a job (no provider call happens in this request)",
-                     "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
-                                     "schema": {"type": "string", "maxLength": 255}}],
-                     "requestBody": {"required": True, "content": {"application/json": {
-                         "schema": {"$ref": "#/components/schemas/CreateJob"}}}},
-                     "responses": {"202": _resp("created", _JOB), "200": _resp("replay of the same request", _JOB),
-                                   **_errors(400, 401, 402, 409, 413, 422, 429)}},
-            "get": {"summary": "The owner's jobs, newest first",
-                    "parameters": [{"name": "status", "in": "query", "schema": {"type": "string"}},
-                                   {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
-                                   {"name": "cursor", "in": "query", "schema": {"type": "string"}}],
-                    "responses": {"200": _resp("a page of jobs", {"type": "object", "properties": {
-                        "jobs": {"type": "array", "items": _JOB},
-                        "next_cursor": {"type": ["string", "null"]}}}), **_errors(400, 401)}},
-        },
-        "/v1/jobs/{job_id}": {"get": {
-            "summary": "Read a job (API key, or its read token)",
-            "security": [{"bearer": []}, {}],
-            "parameters": [_JOB_ID,
-                           {"name": "token", "in": "query", "schema": {"type": "string"}},
-                           {"name": "wait", "in": "query", "schema": {"type": "number", "minimum": 0, "maximum": 30}}],
-            "responses": {"200": _resp("the job", _JOB), **_errors(400, 401, 404)}}},
-        "/v1/jobs/{job_id}/cancel": {"post": {
-            "summary": "Cancel a job not yet terminal (refunded in this request)",
-            "parameters": [_JOB_ID],
-            "responses": {"200": _resp("the cancelled job", _JOB), **_errors(401, 404, 409)}}},
-        "/v1/jobs/{job_id}/outputs/{index}": {"get": {
-            "summary": "An output's bytes (or a redirect to a short-lived URL)",
-            "security": [{"bearer": []}, {}],
-            "parameters": [_JOB_ID, {"name": "index", "in": "path", "required": True, "schema": {"type": "integer"}},
-                           {"name": "token", "in": "query", "schema": {"type": "string"}}],
-            "responses": {"200": _resp("the bytes"), "302": _resp("presigned URL"), **_errors(401, 404)}}},
-        "/v1/account": {"get": {"summary": "The owner's credits and capacity",
-                                "responses": {"200": _resp("account", {"$ref": "#/components/schemas/Account"}),
-                                              **_errors(401)}}},
-        "/webhooks/{provider}/{job_id}": {"post": {
-            "summary": "Provider webhooks, verified at arrival", "security": [],
-            "parameters": [{"name": "provider", "in": "path", "required": True, "schema": {"type": "string"}}, _JOB_ID],
-            "responses": {"204": _resp("accepted"), **_errors(401, 404, 413)}}},
-        "/v1/admin/jobs/{job_id}/resolve": {"post": {
-            "summary": "Resolve an uncertain job (ADMIN_TOKEN)", "parameters": [_JOB_ID],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {"oneOf": [
-                {"type": "object", "required": ["provider_task_id"], "properties": {"provider_task_id": {"type": "string"}}},
-                {"type": "object", "required": ["outcome"], "properties": {"outcome": {"const": "failed"}}}]}}}},
-            "responses": {"200": _resp("the job", _JOB), **_errors(400, 401, 404, 409)}}},
-        "/healthz": {"get": {"summary": "Liveness", "security": [], "responses": {"200": _resp("alive")}}},
-        "/readyz": {"get": {"summary": "Database reachable", "security": [],
-                            "responses": {"200": _resp("ready"), "503": _resp("database unreachable")}}},
-        "/metrics": {"get": {"summary": "Prometheus metrics", "security": [], "responses": {"200": _resp("text format")}}},
-    },
+    "paths": PATHS,
 }
 
 

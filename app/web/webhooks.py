@@ -7,11 +7,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from app import ids
+from app.vocabulary import ApiErrorCode
 from app.web.body import MAX_BODY, TooLarge, read_capped
 from app.web.errors import error_response
 from outbox.roads import webhook as webhook_road
 
-UNAUTHORIZED_BODY = {"error": {"code": "unauthenticated", "message": "webhook not accepted"}}
+UNAUTHORIZED_BODY = {"error": {"code": ApiErrorCode.UNAUTHENTICATED, "message": "webhook not accepted"}}
 
 
 async def receive_webhook(request: Request) -> Response:
@@ -20,12 +21,12 @@ async def receive_webhook(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     provider = state.providers.get(provider_name)
     if provider is None or not ids.is_job_id(job_id):
-        return error_response("not_found", "no such webhook endpoint")
+        return error_response(ApiErrorCode.NOT_FOUND, "no such webhook endpoint")
     try:
         raw = await read_capped(request, MAX_BODY)
     except TooLarge:
         state.metrics.webhook(provider_name, "too_large")
-        return error_response("payload_too_large", f"the webhook body is over {MAX_BODY} bytes")
+        return error_response(ApiErrorCode.PAYLOAD_TOO_LARGE, f"the webhook body is over {MAX_BODY} bytes")
     headers = {k.lower(): v for k, v in request.headers.items()}
     ok = await webhook_road.accept(state.pool, provider, state.secretbox, job_id, headers,
                                    dict(request.query_params), raw)
