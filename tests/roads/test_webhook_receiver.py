@@ -87,6 +87,8 @@ async def world(pool, migrated, sim_server, tmp_path_factory) -> World:
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {owner.api_key}"}) as c:
             ids = [(await c.post("/v1/jobs", json=sim_job(duration_s=600))).json()["id"] for _ in range(3)]
             rows = [await wait_for_status(pool, job_id, "running") for job_id in ids]
+            for job_id in ids:  # their submit intents are deleted just after (see _running_job)
+                await wait_until(lambda job_id=job_id: _no_intent(pool, job_id, "submit"), timeout=30)
             keys = {r["id"]: job_secret(settings, r) for r in rows}
             running, other, closed = ids
             assert (await c.post(f"/v1/jobs/{closed}/cancel")).status_code == 200
@@ -316,7 +318,11 @@ async def _running_job(server, settings, db, settlers, owner, provider: str, mod
         r = await c.post("/v1/jobs", json={"provider": provider, "model": model,
                                            "input": {"duration_s": 600}, "max_credits": 10})
         assert r.status_code == 202, r.text
-    return await wait_for_status(db, r.json()["id"], "running")
+    row = await wait_for_status(db, r.json()["id"], "running")
+    # The settler deletes the finished submit intent just after the job turns
+    # running: wait for it, or a snapshot taken now may race that delete.
+    await wait_until(lambda: _no_intent(db, row["id"], "submit"), timeout=30)
+    return row
 
 
 async def _post_each(url: str, path: str, requests: list[tuple[bytes, dict]]) -> list[httpx.Response]:
