@@ -14,12 +14,11 @@ from app.origins import is_loopback_host, origin_of
 from app.storage import StorageUrlError, parse_storage_url
 from app.vocabulary import ProviderName
 
-OFFICIAL_URLS = {
-    "replicate": "https://api.replicate.com",
-    "fal": "https://queue.fal.run",
-    "fal_jwks": "https://rest.alpha.fal.ai/.well-known/jwks.json",
-    "kie": "https://api.kie.ai",
-}
+# The providers' official endpoints, the defaults of their *_BASE_URL settings.
+REPLICATE_URL = "https://api.replicate.com"
+FAL_QUEUE_URL = "https://queue.fal.run"
+FAL_JWKS_URL = "https://rest.alpha.fal.ai/.well-known/jwks.json"
+KIE_URL = "https://api.kie.ai"
 PROVIDERS = tuple(ProviderName)  # every provider longcall has an adapter for
 
 
@@ -203,13 +202,13 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         max_output_bytes=_int(env, "MAX_OUTPUT_BYTES", 2 * 1024**3, minimum=1),
         sim_url=_optional_url(env, "SIM_URL"),
         replicate_api_token=env.get("REPLICATE_API_TOKEN") or None,
-        replicate_base_url=_url(env, "REPLICATE_BASE_URL", OFFICIAL_URLS["replicate"]),
+        replicate_base_url=_url(env, "REPLICATE_BASE_URL", REPLICATE_URL),
         replicate_webhook_secret=env.get("REPLICATE_WEBHOOK_SECRET") or None,
         fal_key=env.get("FAL_KEY") or None,
-        fal_base_url=_url(env, "FAL_BASE_URL", OFFICIAL_URLS["fal"]),
-        fal_jwks_url=_url(env, "FAL_JWKS_URL", OFFICIAL_URLS["fal_jwks"]),
+        fal_base_url=_url(env, "FAL_BASE_URL", FAL_QUEUE_URL),
+        fal_jwks_url=_url(env, "FAL_JWKS_URL", FAL_JWKS_URL),
         kie_api_key=env.get("KIE_API_KEY") or None,
-        kie_base_url=_url(env, "KIE_BASE_URL", OFFICIAL_URLS["kie"]),
+        kie_base_url=_url(env, "KIE_BASE_URL", KIE_URL),
         read_recheck_after_s=_float(env, "READ_RECHECK_AFTER_S", 15.0),
         sweep_interval_s=_float(env, "SWEEP_INTERVAL_S", 300.0),
         give_up_after_s=_float(env, "GIVE_UP_AFTER_S", 7200.0, minimum=1.0),

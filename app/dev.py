@@ -24,19 +24,21 @@ import httpx
 
 from app.config import load_settings
 from app.origins import host_port
+from app.vocabulary import TERMINAL, ProviderName
 
 STATE_DIR = Path(".longcall")
 # Where `dev` starts the simulator unless SIM_URL says otherwise. Only `dev`
 # has a simulator by default: elsewhere SIM_URL unset means no provider `sim`.
 DEV_SIM_URL = "http://127.0.0.1:8787"
 DEMO_JOBS = [
-    {"provider": "sim", "model": "image-fast", "input": {"prompt": "a lighthouse", "duration_s": 1.0}},
-    {"provider": "sim", "model": "video-slow", "input": {"prompt": "waves", "duration_s": 3.0,
-                                                          "outputs": 2, "output_bytes": 200_000, "cost": 4}},
-    {"provider": "sim", "model": "image-fast", "input": {"prompt": "will fail", "outcome": "failed"}},
-    {"provider": "replicate", "model": "black-forest-labs/flux-schnell", "input": {"prompt": "a fox", "duration_s": 1.5}},
-    {"provider": "fal", "model": "fal-ai/flux/dev", "input": {"prompt": "a heron", "duration_s": 1.5}},
-    {"provider": "kie", "model": "veo3_fast", "input": {"prompt": "rain", "duration_s": 2.0}},
+    {"provider": ProviderName.SIM, "model": "image-fast", "input": {"prompt": "a lighthouse", "duration_s": 1.0}},
+    {"provider": ProviderName.SIM, "model": "video-slow",
+     "input": {"prompt": "waves", "duration_s": 3.0, "outputs": 2, "output_bytes": 200_000, "cost": 4}},
+    {"provider": ProviderName.SIM, "model": "image-fast", "input": {"prompt": "will fail", "outcome": "failed"}},
+    {"provider": ProviderName.REPLICATE, "model": "black-forest-labs/flux-schnell",
+     "input": {"prompt": "a fox", "duration_s": 1.5}},
+    {"provider": ProviderName.FAL, "model": "fal-ai/flux/dev", "input": {"prompt": "a heron", "duration_s": 1.5}},
+    {"provider": ProviderName.KIE, "model": "veo3_fast", "input": {"prompt": "rain", "duration_s": 2.0}},
 ]
 
 
@@ -70,13 +72,13 @@ def _prepare_environment():
     os.environ.setdefault("STORAGE_URL", "file://" + str((STATE_DIR / "objects").resolve()))
     sim_url = (os.environ.get("SIM_URL") or DEV_SIM_URL).rstrip("/")
     os.environ["SIM_URL"] = sim_url
-    for provider, key_var, base_var in (("replicate", "REPLICATE_API_TOKEN", "REPLICATE_BASE_URL"),
-                                        ("fal", "FAL_KEY", "FAL_BASE_URL"),
-                                        ("kie", "KIE_API_KEY", "KIE_BASE_URL")):
+    for provider, key_var, base_var in ((ProviderName.REPLICATE, "REPLICATE_API_TOKEN", "REPLICATE_BASE_URL"),
+                                        (ProviderName.FAL, "FAL_KEY", "FAL_BASE_URL"),
+                                        (ProviderName.KIE, "KIE_API_KEY", "KIE_BASE_URL")):
         if not os.environ.get(key_var):
             os.environ[key_var] = "simulated"
             os.environ[base_var] = f"{sim_url}/{provider}"
-            if provider == "fal":
+            if provider == ProviderName.FAL:
                 os.environ["FAL_JWKS_URL"] = f"{sim_url}/fal/.well-known/jwks.json"
     return pg
 
@@ -129,11 +131,11 @@ async def _run_demo(base_url: str, api_key: str) -> None:
         deadline = time.monotonic() + 90
         while True:
             jobs = [(await client.get(f"/v1/jobs/{job_id}")).json() for _, job_id in ids]
-            line = "  " + "  ".join(f"{p}:{j['status']}" for (p, _), j in zip(ids, jobs))
+            line = "  " + "  ".join(f"{p}:{j['status']}" for (p, _), j in zip(ids, jobs, strict=True))
             if line != last:
                 _say(line)
                 last = line
-            if all(j["status"] in ("succeeded", "failed", "cancelled", "expired") for j in jobs) \
+            if all(j["status"] in TERMINAL for j in jobs) \
                     or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
@@ -152,18 +154,18 @@ async def _run_demo(base_url: str, api_key: str) -> None:
 async def _serve(settings, port: int) -> None:
     import uvicorn
 
+    from app.embedded_server import EmbeddedServer  # Ctrl-C is handled below
     from app.web import create_app
     from app.web import server as web_server
     from outbox.context import Context
     from outbox.settler import Settler
 
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+    server = EmbeddedServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            access_log=False, lifespan="on",
                                            http=web_server.protocol_with_header_timeout(
                                                web_server.DEFAULT_HEADER_TIMEOUT_S),
                                            limit_concurrency=web_server.DEFAULT_LIMIT_CONCURRENCY))
-    server.install_signal_handlers = lambda: None  # we handle Ctrl-C below
     web_task = asyncio.create_task(server.serve())
     ctx = await Context.open(settings)
     settler = Settler(ctx, concurrency=16)
@@ -190,7 +192,7 @@ demo owner {owner_id}, API key: {api_key}
 
   curl -s -X POST {base_url}/v1/jobs -H 'Authorization: Bearer {api_key}' \\
        -H 'Content-Type: application/json' \\
-       -d '{{"provider": "sim", "model": "image-fast", "input": {{"duration_s": 2}}, "max_credits": 10}}'
+       -d '{{"provider": ProviderName.SIM, "model": "image-fast", "input": {{"duration_s": 2}}, "max_credits": 10}}'
 
 Ctrl-C to stop.""")
     elif demo.done():

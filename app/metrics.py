@@ -16,6 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app.vocabulary import IN_FLIGHT, IntentKind, sql_list
+
 JOBS_CREATED = Counter("longcall_jobs_created_total", "Jobs created", ["provider"])
 JOBS_FINISHED = Counter("longcall_jobs_finished_total", "Jobs that reached a terminal state",
                         ["provider", "status"])
@@ -47,7 +49,7 @@ OUTBOX_OLDEST_DUE = Gauge("longcall_outbox_oldest_due_seconds",
                           "Age of the oldest due, unclaimed intent (0 when none)")
 JOBS_IN_FLIGHT = Gauge("longcall_jobs_in_flight", "Jobs not yet terminal", ["status"])
 
-GAUGES_QUERY = """
+GAUGES_QUERY = f"""
 select 'outbox' as what, kind as label, count(*) as n,
        count(*) filter (where not_before <= now()) as due,
        coalesce(extract(epoch from now() - min(not_before)
@@ -55,17 +57,17 @@ select 'outbox' as what, kind as label, count(*) as n,
 from outbox group by kind
 union all
 select 'jobs', status, count(*), 0, 0 from jobs
-where status in ('queued', 'submitting', 'running', 'uncertain') group by status
+where status in {sql_list(IN_FLIGHT)} group by status
 """
 
 
 async def collect_gauges(pool) -> None:
     rows = await pool.fetch(GAUGES_QUERY)
     oldest = 0.0
-    for kind in ("submit", "settle", "cancel"):
+    for kind in IntentKind:
         OUTBOX_INTENTS.labels(kind).set(0)
         OUTBOX_DUE.labels(kind).set(0)
-    for status in ("queued", "submitting", "running", "uncertain"):
+    for status in IN_FLIGHT:
         JOBS_IN_FLIGHT.labels(status).set(0)
     for r in rows:
         if r["what"] == "outbox":

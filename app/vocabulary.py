@@ -115,6 +115,25 @@ API_ERROR_STATUS: dict[ApiErrorCode, int] = {
 }
 
 
+class ProviderCall(StrEnum):
+    """What the settler asks a provider (the `operation` label of provider call metrics)."""
+
+    SUBMIT = "submit"
+    STATUS = "status"
+    CANCEL = "cancel"
+
+
+class CallOutcome(StrEnum):
+    """How a provider call ended (the `outcome` label): a success, or which
+    of the adapter's error classes it raised."""
+
+    OK = "ok"
+    REJECTED = "rejected"
+    TRANSIENT = "transient"
+    UNCERTAIN = "uncertain"
+    ERROR = "error"  # any provider error, where the class changes nothing (status, cancel)
+
+
 class ProviderName(StrEnum):
     """The providers longcall has adapters for."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from app.domain import jobs
 from app.domain.record import JobRecord
 from app.providers.base import ProviderError
+from app.vocabulary import CallOutcome, ProviderCall
 from outbox import decide
 from outbox.context import Context
 from outbox.outcome import DONE, Outcome
@@ -26,7 +27,7 @@ async def cancel(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     try:
         await provider.cancel(record.task)
     except ProviderError as e:
-        ctx.metrics.provider_call(provider.name, "cancel", "error")
+        ctx.metrics.provider_call(provider.name, ProviderCall.CANCEL, CallOutcome.ERROR)
         return decide.later(decide.Retry(attempts, f"cancel: {e}"))
-    ctx.metrics.provider_call(provider.name, "cancel", "ok")
+    ctx.metrics.provider_call(provider.name, ProviderCall.CANCEL, CallOutcome.OK)
     return DONE

@@ -115,12 +115,12 @@ select min(greatest(not_before, coalesce(claimed_until, not_before))) from (
 class Intent:
     id: int
     job_id: str
-    kind: str
+    kind: IntentKind
     generation: int
     attempts: int
 
 
-async def request(conn, job_id: str, kind: str, delay_s: float = 0.0) -> bool:
+async def request(conn, job_id: str, kind: IntentKind, delay_s: float = 0.0) -> bool:
     """Ask for `kind` on a job still in flight (coalescing into its open
     intent). False when the job is closed (or unknown): nothing is written.
     One statement, one round trip."""
@@ -131,7 +131,7 @@ async def request(conn, job_id: str, kind: str, delay_s: float = 0.0) -> bool:
 
 async def claim(conn, limit: int, lease_s: float) -> list[Intent]:
     rows = await conn.fetch(CLAIM, limit, float(lease_s))
-    return [Intent(r["id"], r["job_id"], r["kind"], r["generation"], r["attempts"]) for r in rows]
+    return [Intent(r["id"], r["job_id"], IntentKind(r["kind"]), r["generation"], r["attempts"]) for r in rows]
 
 
 async def finish_many(conn, done: list[Intent]) -> set[int]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import random
 
+from app.vocabulary import IntentKind
+
 # Consecutive failed attempts (errors, not normal "ask later" waits) before
 # an intent gives up: the job then fails with a refund (settle_exhausted).
-MAX_ATTEMPTS = {"submit": 8, "settle": 10, "cancel": 5}
+MAX_ATTEMPTS = {IntentKind.SUBMIT: 8, IntentKind.SETTLE: 10, IntentKind.CANCEL: 5}
 NOT_YET_SUBMITTED_RETRY_S = 2.0  # settle asked before the task id is saved
 HOST_BUSY_RETRY_S = 5.0  # an output's host had no download place free: look again (no failure)
 IN_DOUBT_FIND_ATTEMPTS = 3  # look an in-doubt submit up this often before `uncertain`
@@ -24,5 +26,5 @@ def backoff(attempt: int, *, base_s: float = 1.0, cap_s: float = 300.0,
     return full * (0.5 + 0.5 * (rng or random).random())
 
 
-def exhausted(kind: str, attempts: int) -> bool:
+def exhausted(kind: IntentKind, attempts: int) -> bool:
     return attempts > MAX_ATTEMPTS[kind]

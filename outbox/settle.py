@@ -27,7 +27,7 @@ from app.download import DownloadError, download_to_file
 from app.metrics import DOWNLOAD_BYTES, SETTLE_SECONDS
 from app.providers.base import Observation, ProviderError
 from app.storage import object_key
-from app.vocabulary import JobStatus
+from app.vocabulary import CallOutcome, JobStatus, ProviderCall
 from outbox import decide
 from outbox.context import Context
 from outbox.outcome import DONE, Done, Outcome
@@ -54,10 +54,10 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     try:
         seen = await provider.status(record.task)
     except ProviderError as e:
-        ctx.metrics.provider_call(provider.name, "status", "error")
+        ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.ERROR)
         seen = e
     else:
-        ctx.metrics.provider_call(provider.name, "status", "ok")
+        ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.OK)
     decision = decide.settle(record, seen, now=now, attempts=attempts, facts=provider.facts)
     outcome = await _carry_out(ctx, record, provider, decision, attempts)
     if isinstance(decision, (decide.Close, decide.StoreOutputs)):

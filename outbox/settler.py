@@ -23,7 +23,7 @@ from app.db import OUTBOX_CHANNEL
 from app.domain import jobs
 from app.listen import listen_forever
 from app.metrics import INTENTS, metrics_app
-from app.vocabulary import JobError, JobStatus
+from app.vocabulary import IntentKind, JobError, JobStatus
 from outbox import intents, policy
 from outbox.cancel import cancel
 from outbox.context import Context
@@ -34,8 +34,8 @@ from outbox.submit import submit
 
 log = logging.getLogger("longcall.settler")
 
-STEPS = {"submit": submit, "settle": settle, "cancel": cancel}
-LOADS_ITS_JOB = {"submit"}  # its first statement claims the job row and returns it
+STEPS = {IntentKind.SUBMIT: submit, IntentKind.SETTLE: settle, IntentKind.CANCEL: cancel}
+LOADS_ITS_JOB = {IntentKind.SUBMIT}  # its first statement claims the job row and returns it
 CLAIM_BATCH = 64
 SHUTDOWN_GRACE_S = 25.0
 
@@ -226,7 +226,7 @@ class Settler:
     async def _exhaust(self, intent: intents.Intent) -> Outcome:
         """An intent that failed too often: its job fails with a refund
         (never a silent drop). A cancel intent is simply dropped."""
-        if intent.kind == "cancel":
+        if intent.kind == IntentKind.CANCEL:
             return Done()
         async with self.ctx.pool.acquire() as conn:
             job = await jobs.load(conn, intent.job_id)
@@ -270,14 +270,10 @@ class Settler:
 async def _serve_metrics(pool, port: int) -> None:
     import uvicorn
 
-    class MetricsServer(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self):
-            # The settler owns SIGTERM and SIGINT (uvicorn would take them
-            # over with signal.signal while it serves).
-            yield
+    from app.embedded_server import EmbeddedServer
 
-    server = MetricsServer(uvicorn.Config(metrics_app(pool), host="0.0.0.0", port=port,
+    # The settler owns SIGTERM and SIGINT (it drains its claims on them).
+    server = EmbeddedServer(uvicorn.Config(metrics_app(pool), host="0.0.0.0", port=port,
                                           log_level="warning", access_log=False, lifespan="off"))
     await server.serve()
 

@@ -16,6 +16,7 @@ import logging
 from app.domain import jobs
 from app.domain.record import JobRecord
 from app.providers.base import ProviderError, Rejected, SubmitRequest, Submitted, Transient, Uncertain
+from app.vocabulary import CallOutcome, ProviderCall
 from outbox import decide
 from outbox.context import Context
 from outbox.outcome import DONE, Outcome
@@ -61,19 +62,19 @@ async def _send(ctx: Context, job: JobRecord, provider, request: SubmitRequest) 
     try:
         submitted = await provider.submit(request, idempotency_key=job.id)
     except Rejected as e:
-        ctx.metrics.provider_call(provider.name, "submit", "rejected")
+        ctx.metrics.provider_call(provider.name, ProviderCall.SUBMIT, CallOutcome.REJECTED)
         return e
     except Transient as e:
-        ctx.metrics.provider_call(provider.name, "submit", "transient")
+        ctx.metrics.provider_call(provider.name, ProviderCall.SUBMIT, CallOutcome.TRANSIENT)
         async with ctx.pool.acquire() as conn:
             await jobs.submit_settled(conn, job.id, f"submit: {e}")
         return e
     except Uncertain as e:
-        ctx.metrics.provider_call(provider.name, "submit", "uncertain")
+        ctx.metrics.provider_call(provider.name, ProviderCall.SUBMIT, CallOutcome.UNCERTAIN)
         async with ctx.pool.acquire() as conn:
             await jobs.note_error(conn, job.id, f"submit outcome unknown: {e}")
         return e
-    ctx.metrics.provider_call(provider.name, "submit", "ok")
+    ctx.metrics.provider_call(provider.name, ProviderCall.SUBMIT, CallOutcome.OK)
     return submitted
 
 
@@ -106,7 +107,7 @@ async def _save(ctx: Context, job: JobRecord, provider, save: decide.Save) -> Ou
             operation=dict(submitted.operation) if submitted.operation else None,
             webhook_secret=secret, callback_registered=save.callback_registered,
             first_check_after_s=save.first_check_after_s)
-    if result == "closed":
+    if result is jobs.Saved.ON_CLOSED_JOB:
         log.info("task saved on a closed job; provider cancel queued",
                  extra={"job_id": job.id, "provider": provider.name})
     return DONE

@@ -43,8 +43,9 @@ from app.providers.http import (
 )
 from app.providers.keycache import RefetchingCache
 from app.signing.webhooks import jwks_public_keys, verify_fal
+from app.vocabulary import ProviderName
 
-NAME = "fal"
+NAME = ProviderName.FAL
 
 _SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _MODEL_RE = re.compile(rf"{_SEGMENT}(/{_SEGMENT})*")

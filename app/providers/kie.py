@@ -38,8 +38,9 @@ from app.providers.http import (
     submit_call,
 )
 from app.signing.tokens import check_capability_token, make_capability_token
+from app.vocabulary import ProviderName
 
-NAME = "kie"
+NAME = ProviderName.KIE
 
 _STATES = {
     "waiting": TaskState.RUNNING,

@@ -42,8 +42,9 @@ from app.providers.http import (
 )
 from app.providers.keycache import RefetchingCache
 from app.signing.webhooks import verify_standard_webhooks
+from app.vocabulary import ProviderName
 
-NAME = "replicate"
+NAME = ProviderName.REPLICATE
 
 _STATES = {
     "starting": TaskState.RUNNING,

@@ -35,8 +35,9 @@ from app.providers.http import (
     submit_call,
 )
 from app.signing.webhooks import verify_tv1
+from app.vocabulary import ProviderName
 
-NAME = "sim"
+NAME = ProviderName.SIM
 
 _STATES = {
     "queued": TaskState.RUNNING,

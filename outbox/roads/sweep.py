@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from app.config import Settings
 from app.domain import jobs
 from app.metrics import SWEEP_FOUND, SWEEPS
-from app.vocabulary import JobStatus
+from app.vocabulary import CLOSED_BY_CLOSE, IN_FLIGHT, IntentKind, JobStatus, sql_list
 from outbox import decide, intents
 
 log = logging.getLogger("longcall.sweep")
@@ -26,13 +26,13 @@ log = logging.getLogger("longcall.sweep")
 # one give-up rule), on the same clock, the statement's now(). (Arrays of
 # anything but text cost asyncpg a type introspection: deadlines are read
 # with the few jobs found, not returned here.)
-PROBE = """
+PROBE = f"""
 with found as (
     select j.id, j.status from jobs j
-    where j.status in ('queued', 'submitting', 'running', 'uncertain')
-      and case when j.status = 'uncertain' then j.deadline_at <= now()
+    where j.status in {sql_list(IN_FLIGHT)}
+      and case when j.status = '{JobStatus.UNCERTAIN}' then j.deadline_at <= now()
                else not exists (select 1 from outbox o
-                                where o.job_id = j.id and o.kind in ('submit', 'settle')) end
+                                where o.job_id = j.id and o.kind in {sql_list(CLOSED_BY_CLOSE)}) end
     limit $1
 )
 select (select min(not_before) from outbox) as next_due, now() as now,
@@ -75,10 +75,10 @@ async def sweep_once(pool) -> SweepReport:
             elif status in (JobStatus.QUEUED, JobStatus.SUBMITTING):
                 # A submitting job without its intent was abandoned mid-submit:
                 # the submit step sees the call in doubt and looks it up.
-                await intents.request(conn, job_id, "submit")
+                await intents.request(conn, job_id, IntentKind.SUBMIT)
                 report.queued_submit.append(job_id)
             else:
-                await intents.request(conn, job_id, "settle")
+                await intents.request(conn, job_id, IntentKind.SETTLE)
                 report.queued_settle.append(job_id)
     SWEEP_FOUND.labels("missing_submit").inc(len(report.queued_submit))
     SWEEP_FOUND.labels("missing_settle").inc(len(report.queued_settle))
@@ -96,8 +96,8 @@ async def sweep_once_command(settings: Settings) -> int:
     finally:
         await pool.close()
     print(report.summary())
-    for label, ids in (("submit", report.queued_submit), ("settle", report.queued_settle),
-                       ("expired", report.expired)):
+    for label, ids in ((IntentKind.SUBMIT, report.queued_submit), (IntentKind.SETTLE, report.queued_settle),
+                       (JobStatus.EXPIRED, report.expired)):
         for job_id in ids:
             print(f"  {label}: {job_id}")
     return 0

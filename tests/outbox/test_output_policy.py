@@ -218,7 +218,9 @@ CLOSE_BOUND_S = 20.0  # generous on a loaded machine; the old code needed 60 s o
 
 @pytest.mark.parametrize("per_host, stall_s, mechanism", [
     # Only the per-host limit can explain a quick close: the stalls outlast the bound.
-    (4, 2 * CLOSE_BOUND_S, "already has 4 downloads running"),
+    # A busy host is a wait that counts no failure, so it leaves no last_error:
+    # the evidence is that at most 4 downloads ever reached the stalling host.
+    (4, 2 * CLOSE_BOUND_S, None),
     # Only the stall timeout can: every stalled download has a place.
     (STALLED_JOBS, 1.0, "no answer for 1 s"),
 ], ids=["per-host-limit", "stall-timeout"])
@@ -251,7 +253,10 @@ async def test_stalled_output_hosts_leave_the_settler_free_for_other_jobs(
         assert await db.fetchval("select count(*) from outbox where kind = 'settle' and job_id = any($1::text[])",
                                  stalled_ids) == STALLED_JOBS
         # ... and it was the mechanism under test that let them go.
-        assert any(mechanism in (r["last_error"] or "") for r in stalled), [r["last_error"] for r in stalled]
+        if mechanism is not None:
+            assert any(mechanism in (r["last_error"] or "") for r in stalled), [r["last_error"] for r in stalled]
+        else:  # waits, not failures: no attempt was spent on a busy host
+            assert all(r["last_error"] is None for r in stalled), [r["last_error"] for r in stalled]
         if per_host < STALLED_JOBS:
             assert script.stalled <= per_host  # the others were turned away before connecting
     finally:
