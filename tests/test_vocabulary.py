@@ -92,7 +92,8 @@ def test_the_literal_check_passes_and_would_catch_one(tmp_path):
     (tmp_path / "outbox").mkdir()
     (tmp_path / "app" / "vocabulary.py").write_text((root / "app" / "vocabulary.py").read_text())
     (tmp_path / "outbox" / "bad.py").write_text(
-        '"""A docstring may say \'queued\'."""\nSQL = "select 1 from jobs where status = \'queued\'"\nKIND = "settle"\n')
+        '"""A docstring may say \'queued\'."""\n'
+        'SQL = "select 1 from jobs where status = \'queued\'"\nKIND = "settle"\n')
     dirty = subprocess.run([sys.executable, str(root / "tools" / "check_vocabulary.py"), str(tmp_path)],
                            capture_output=True, text=True)
     assert dirty.returncode == 1

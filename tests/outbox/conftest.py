@@ -67,8 +67,10 @@ async def assert_money_balances(pool) -> None:
                and j.credits_charged + j.credits_refunded <> j.credits_reserved)
            or (j.status not in ('succeeded', 'failed', 'cancelled', 'expired')
                and (j.credits_charged <> 0 or j.credits_refunded <> 0))
-           or coalesce((select sum(amount) from ledger l where l.job_id = j.id and kind = 'charge'), 0) <> j.credits_charged
-           or coalesce((select sum(amount) from ledger l where l.job_id = j.id and kind = 'refund'), 0) <> j.credits_refunded""")
+           or coalesce((select sum(amount) from ledger l where l.job_id = j.id and kind = 'charge'), 0)
+              <> j.credits_charged
+           or coalesce((select sum(amount) from ledger l where l.job_id = j.id and kind = 'refund'), 0)
+              <> j.credits_refunded""")
     assert not bad, f"jobs whose money does not add up: {[r['id'] for r in bad]}"
     owners = await pool.fetch("""
         select o.id, o.granted, o.balance, o.reserved, o.charged, o.active,

@@ -190,7 +190,7 @@ async def test_cancel_races_the_settle_step(web, make_owner, db, sim, make_setti
     assert all(r.status_code in (200, 409) for r in cancels)
     rows = await db.fetch("select * from jobs")
     assert {r["status"] for r in rows} <= {"succeeded", "cancelled"}
-    for r, cancel in zip(sorted(rows, key=lambda r: ids.index(r["id"])), cancels):
+    for r, cancel in zip(sorted(rows, key=lambda r: ids.index(r["id"])), cancels, strict=True):
         assert (cancel.status_code == 200) == (r["status"] == "cancelled")
         if r["status"] == "succeeded":
             assert (r["credits_charged"], r["credits_refunded"]) == (7, 3)

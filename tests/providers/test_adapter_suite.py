@@ -12,7 +12,6 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from tests.support.simulator import RunningSimulator, clear_faults, set_faults, stats
 
 from app.providers.base import (
     Observation,
@@ -30,6 +29,7 @@ from app.providers.fal import FalProvider
 from app.providers.kie import KieProvider
 from app.providers.replicate import ReplicateProvider
 from app.providers.sim import SimProvider
+from tests.support.simulator import RunningSimulator, clear_faults, set_faults, stats
 
 SUBMIT_TIMEOUT_S = 1.5
 SERVER_KEYS = (b"suite-server-key-0123456789abcdef",)

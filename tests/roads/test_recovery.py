@@ -179,7 +179,7 @@ async def test_resolve_refusals_change_nothing(web, make_settings, make_owner, s
     runs = await asyncio.gather(*[asyncio.to_thread(longcall, migrated, "jobs", "resolve", *args)
                                   for args, _ in refused],
                                 asyncio.to_thread(longcall, migrated, "jobs", "resolve", uncertain))
-    for done, (_, message) in zip(runs, refused):
+    for done, (_, message) in zip(runs, refused, strict=False):  # runs has one more: the last
         assert (done.returncode, done.stdout, done.stderr) == (1, "", message)
     done = runs[-1]  # neither --task-id nor --failed
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr

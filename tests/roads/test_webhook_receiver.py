@@ -231,7 +231,8 @@ async def test_a_genuine_sim_webhook_is_accepted_and_only_asks_for_a_settle(worl
     valid = _hmac_hex(world.secrets[world.running], BODY, t)
     variants = [
         tv1_headers(world.secrets[world.running], BODY),
-        tv1_headers(world.secrets[world.running], BODY, t - 240),  # inside the window (the exact ±300 s edge: tests/signing)
+        # inside the window (the exact ±300 s edge is tested in tests/signing)
+        tv1_headers(world.secrets[world.running], BODY, t - 240),
         tv1_headers(world.secrets[world.running], BODY, t + 240),
         # rotation: any one of several v1 signatures; unknown versions ignored
         {"x-signature": f"t={t},v0=deadbeef,v1={'0' * 64},v1={valid}"},

@@ -90,7 +90,8 @@ def test_key_id_differs_per_key_and_reveals_nothing() -> None:
     assert a[1:5] not in KEY
 
 
-@pytest.mark.parametrize("keys", [[], [b""], ["str-key"], None, b"bytes-not-a-list"], ids=["empty", "empty-key", "str-key", "none", "bare-bytes"])
+@pytest.mark.parametrize("keys", [[], [b""], ["str-key"], None, b"bytes-not-a-list"],
+                         ids=["empty", "empty-key", "str-key", "none", "bare-bytes"])
 def test_constructor_refuses_bad_keys(keys) -> None:
     with pytest.raises((ValueError, TypeError)) as err:
         SecretBox(keys)
