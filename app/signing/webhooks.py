@@ -176,16 +176,34 @@ _WHSEC_PREFIX = "whsec_"
 
 
 def _standard_key(secret: Any) -> bytes | None:
-    """The HMAC key of a ``whsec_<base64>`` secret (the prefix is optional,
-    as in the reference libraries); None if it is not valid base64."""
-    if not isinstance(secret, str):
+    """The HMAC key of a ``whsec_<base64>`` secret, decoded as the reference
+    libraries (standardwebhooks, svix) decode it; None if it is not base64.
+
+    The prefix is optional and padding may be missing, as there: the
+    reference strips ``whsec_`` and decodes ``secret + "=="``, so an unpadded
+    secret names the same key as its padded form.
+
+    Where the reference is lax we are strict, because refusing loses no
+    genuine delivery: its decoder silently drops characters outside the
+    standard alphabet (``-``, ``_``, ``.``, inner spaces), stops at or skips
+    an inner ``=`` and ignores a third or later one. No sender hands out
+    such a string, and it often names a key other than the one it spells.
+    Surrounding ASCII whitespace (a secret file's trailing newline) is the
+    exception: the key it spells is unambiguous, the reference accepts a
+    trailing one, and refusing it would turn away every delivery.
+    """
+    if not isinstance(secret, str) or len(secret) > _MAX_HEADER_LEN:
         return None
+    secret = secret.strip(" \t\r\n")
     if secret.startswith(_WHSEC_PREFIX):
         secret = secret[len(_WHSEC_PREFIX):]
-    if not secret or len(secret) > _MAX_HEADER_LEN or not _B64_RE.fullmatch(secret):
+    if not _B64_RE.fullmatch(secret):
+        return None
+    data = secret.rstrip("=")
+    if len(data) % 4 == 1:  # no base64 string has this length; the reference refuses it too
         return None
     try:
-        key = base64.b64decode(secret, validate=True)
+        key = base64.b64decode(data + "=" * (-len(data) % 4), validate=True)
     except (binascii.Error, ValueError):
         return None
     return key or None

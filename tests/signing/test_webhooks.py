@@ -337,7 +337,8 @@ VEC_B64 = VEC_SIG.split(",", 1)[1]
         pytest.param(_vec_headers(webhook_timestamp=f"{VEC_TS} "), VEC_BODY, VEC_SECRET, VEC_TS, False, id="timestamp-trailing-space"),
         pytest.param(_vec_headers(), VEC_BODY, "whsec_", VEC_TS, False, id="secret-empty-key"),
         pytest.param(_vec_headers(), VEC_BODY, "whsec_!!!!", VEC_TS, False, id="secret-not-base64"),
-        pytest.param(_vec_headers(), VEC_BODY, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS", VEC_TS, False, id="secret-bad-length-b64"),
+        pytest.param(_vec_headers(), VEC_BODY, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS", VEC_TS, False, id="secret-one-char-short"),
+        pytest.param(_vec_headers(), VEC_BODY, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwA", VEC_TS, False, id="secret-length-1-mod-4"),
         pytest.param(_vec_headers(), VEC_BODY, "", VEC_TS, False, id="secret-empty"),
         pytest.param(_vec_headers(), VEC_BODY, None, VEC_TS, False, id="secret-none"),
         pytest.param(_vec_headers(), VEC_BODY, "whsec_ñ", VEC_TS, False, id="secret-unicode"),
@@ -348,6 +349,77 @@ VEC_B64 = VEC_SIG.split(",", 1)[1]
 )
 def test_standard_webhooks_table(headers, body, secret, now, expected: bool) -> None:
     assert verify_standard_webhooks(headers, body, secret, now) is expected
+
+
+# The secret's forms: a key of 24 bytes encodes without padding, of 32 bytes
+# with one "=", of 31 bytes with two. The reference (standardwebhooks,
+# svix) strips "whsec_" and decodes secret + "==", so every form below names
+# the same key there; tests/signing/test_standard_webhooks_reference.py runs
+# the reference itself on them.
+KEY_0PAD = bytes(range(24))
+KEY_1PAD = bytes(range(100, 132))
+KEY_2PAD = bytes(range(200, 231))
+KEY_ALPHA = b"\xfb\xff" * 16  # standard base64 "+/+/...": its url-safe form differs
+
+
+def _b64(key: bytes) -> str:
+    return base64.b64encode(key).decode()
+
+
+@pytest.mark.parametrize(
+    "key,secret,expected",
+    [
+        pytest.param(KEY_0PAD, "whsec_" + _b64(KEY_0PAD), True, id="no-padding-needed"),
+        pytest.param(KEY_0PAD, _b64(KEY_0PAD), True, id="no-padding-needed-no-prefix"),
+        pytest.param(KEY_1PAD, "whsec_" + _b64(KEY_1PAD), True, id="one-pad"),
+        pytest.param(KEY_1PAD, "whsec_" + _b64(KEY_1PAD).rstrip("="), True, id="one-pad-missing"),
+        pytest.param(KEY_1PAD, _b64(KEY_1PAD), True, id="one-pad-no-prefix"),
+        pytest.param(KEY_1PAD, _b64(KEY_1PAD).rstrip("="), True, id="one-pad-missing-no-prefix"),
+        pytest.param(KEY_2PAD, "whsec_" + _b64(KEY_2PAD), True, id="two-pads"),
+        pytest.param(KEY_2PAD, "whsec_" + _b64(KEY_2PAD).rstrip("="), True, id="two-pads-missing"),
+        pytest.param(KEY_2PAD, "whsec_" + _b64(KEY_2PAD)[:-1], True, id="two-pads-one-missing"),
+        pytest.param(KEY_2PAD, _b64(KEY_2PAD).rstrip("="), True, id="two-pads-missing-no-prefix"),
+        pytest.param(KEY_0PAD, "whsec_" + _b64(KEY_0PAD) + "==", True, id="surplus-pads-on-aligned"),
+        pytest.param(KEY_ALPHA, "whsec_" + _b64(KEY_ALPHA), True, id="plus-and-slash"),
+        pytest.param(KEY_1PAD, "whsec_" + _b64(KEY_1PAD) + "\n", True, id="trailing-newline"),
+        pytest.param(KEY_1PAD, " whsec_" + _b64(KEY_1PAD).rstrip("=") + " \r\n", True, id="surrounding-whitespace"),
+        # refused: not base64 as any sender hands it out (the reference would
+        # drop or stop at these characters and derive some other key)
+        pytest.param(KEY_ALPHA, "whsec_" + base64.urlsafe_b64encode(KEY_ALPHA).decode(), False, id="url-safe-alphabet"),
+        pytest.param(KEY_1PAD, "whsec_" + _b64(KEY_1PAD) + "==", False, id="three-pads"),
+        pytest.param(KEY_0PAD, "whsec_" + _b64(KEY_0PAD)[:16] + "=" + _b64(KEY_0PAD)[16:], False, id="inner-pad"),
+        pytest.param(KEY_0PAD, "whsec_" + _b64(KEY_0PAD)[:16] + " " + _b64(KEY_0PAD)[16:], False, id="inner-space"),
+        pytest.param(KEY_0PAD, "whsec_" + _b64(KEY_0PAD)[:16] + "\n" + _b64(KEY_0PAD)[16:], False, id="inner-newline"),
+        pytest.param(KEY_0PAD, "whsec_whsec_" + _b64(KEY_0PAD), False, id="prefix-twice"),
+        pytest.param(KEY_0PAD, "WHSEC_" + _b64(KEY_0PAD), False, id="prefix-upper-case"),
+        pytest.param(KEY_0PAD, "whsec_" + _b64(KEY_0PAD) + "A", False, id="length-1-mod-4"),
+        pytest.param(KEY_0PAD, "whsec_==", False, id="padding-only"),
+        pytest.param(KEY_0PAD, "\n", False, id="whitespace-only"),
+    ],
+)
+def test_standard_webhooks_secret_forms(key: bytes, secret: str, expected: bool) -> None:
+    # The expected signature is computed here from the raw key, not by our signer.
+    digest = hmac.new(key, f"{VEC_ID}.{VEC_TS}.".encode() + VEC_BODY, hashlib.sha256).digest()
+    sig = "v1," + base64.b64encode(digest).decode()
+    headers = _vec_headers(webhook_signature=sig)
+    assert verify_standard_webhooks(headers, VEC_BODY, secret, VEC_TS) is expected
+    if expected:
+        assert sign_standard_webhooks(secret, VEC_ID, VEC_TS, VEC_BODY) == sig
+    else:
+        with pytest.raises(ValueError):
+            sign_standard_webhooks(secret, VEC_ID, VEC_TS, VEC_BODY)
+
+
+def test_standard_webhooks_published_vector_unpadded_forms() -> None:
+    """The published secret needs no padding; its key re-encoded with one or
+    two missing pads still signs the published vector's way."""
+    key = base64.b64decode(VEC_SECRET[len("whsec_"):])
+    assert len(key) % 3 == 0  # so the vector itself cannot show the padding bug
+    for extra in (b"\x00", b"\x00\x01"):
+        padded = base64.b64encode(key + extra).decode()
+        assert padded.endswith("=")
+        assert sign_standard_webhooks("whsec_" + padded.rstrip("="), VEC_ID, VEC_TS, VEC_BODY) == \
+            sign_standard_webhooks("whsec_" + padded, VEC_ID, VEC_TS, VEC_BODY)
 
 
 def test_standard_webhooks_sign_refuses_bad_secret() -> None:
