@@ -47,8 +47,13 @@ from app.vocabulary import ProviderName
 
 NAME = ProviderName.FAL
 
-_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-_MODEL_RE = re.compile(rf"{_SEGMENT}(/{_SEGMENT})*")
+_SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# fal-client's AppId.from_endpoint_id: an endpoint id in one of these
+# namespaces names its queue with three segments (namespace/owner/alias),
+# any other with two (owner/alias); the rest is the sub-path.
+NAMESPACES = ("workflows", "comfy")
+# ...and an id without a slash is a numeric app id, `123-myapp` → 123/myapp.
+_NUMERIC_APP_RE = re.compile(r"([0-9]+)-([a-zA-Z0-9-]+)")
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _OPERATION_KEYS = ("status_url", "response_url", "cancel_url")
 # JWKS: refetched on a verification failure at most this often, and at
@@ -65,18 +70,31 @@ _REQUEST_FAILURE_TYPES = {
 }
 
 
-def app_id(model: str) -> str:
-    """The queue's app path for a model id (pure): the subpath of
-    `fal-ai/flux/dev` is used to submit, but not to address the request."""
-    if not isinstance(model, str) or not _MODEL_RE.fullmatch(model) or ".." in model:
-        raise Rejected(f"{NAME}: model must be a fal model id like fal-ai/flux/dev")
+def queue_root(model: str) -> str:
+    """The part of an endpoint id that addresses its requests (pure), as
+    fal-client builds it: `fal-ai/flux/dev` → `fal-ai/flux`,
+    `workflows/me/wf/sub` → `workflows/me/wf`, `123-myapp` → `123/myapp`.
+    The whole id is what a request is submitted to; this, not the sub-path,
+    is where its status, result and cancel live."""
+    problem = f"{NAME}: model must be a fal endpoint id like fal-ai/flux/dev or workflows/owner/name"
+    if not isinstance(model, str):
+        raise Rejected(problem)
     parts = model.split("/")
-    return "/".join(parts[:2])
+    if len(parts) == 1:
+        numeric = _NUMERIC_APP_RE.fullmatch(model)
+        if numeric is None:
+            raise Rejected(problem)
+        return f"{numeric[1]}/{numeric[2]}"
+    keep = 3 if parts[0] in NAMESPACES else 2
+    if len(parts) < keep or ".." in model or not all(_SEGMENT_RE.fullmatch(part) for part in parts):
+        raise Rejected(problem)
+    return "/".join(parts[:keep])
 
 
 def documented_urls(base_url: str, model: str, request_id: str) -> dict[str, str]:
-    """The status / response / cancel URLs fal documents for a request."""
-    root = f"{base_url}/{app_id(model)}/requests/{quote(request_id, safe='')}"
+    """The status / response / cancel URLs fal documents for a request: the
+    fallback when fal's own answer did not give them (or gave them elsewhere)."""
+    root = f"{base_url}/{queue_root(model)}/requests/{quote(request_id, safe='')}"
     return {"status_url": f"{root}/status", "response_url": root, "cancel_url": f"{root}/cancel"}
 
 
@@ -170,7 +188,7 @@ class FalProvider(Provider):
         return documented_urls(self.base_url, model, task.task_id)
 
     async def submit(self, request: SubmitRequest, idempotency_key: str) -> Submitted:
-        app_id(request.model)  # validates before anything is sent
+        queue_root(request.model)  # validates before anything is sent
         params = {"fal_webhook": request.callback_url} if request.callback_url else None
         response = await submit_call(
             self._http.submits, NAME, "POST", f"{self.base_url}/{request.model}",

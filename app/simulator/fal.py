@@ -1,8 +1,11 @@
 """fal's queue API under /fal (https://docs.fal.ai/model-endpoints/queue).
 
-Submit to /fal/{model_id} (the model id may carry a sub-path, e.g.
-fal-ai/flux/dev); status, result and cancel live under the owner/app only:
-/fal/{owner}/{app}/requests/{request_id}[/status|/cancel]. Status is
+Submit to /fal/{endpoint_id} (the id may carry a sub-path, e.g.
+fal-ai/flux/dev); status, result and cancel live under the queue root only,
+as fal-client addresses them: /fal/{owner}/{alias}/requests/{id}[/status|/cancel],
+with three segments in the workflows/ and comfy/ namespaces
+(/fal/workflows/{owner}/{alias}/requests/...), and `123-myapp` read as
+123/myapp. Status is
 IN_QUEUE | IN_PROGRESS (HTTP 202) then COMPLETED (HTTP 200); a failed
 request is COMPLETED with `error`, and its result answers the model's error.
 Webhooks are signed with Ed25519; the keys are at /fal/.well-known/jwks.json.
@@ -29,9 +32,40 @@ from app.simulator.wire import BadBody, HoldThenDrop, auth_token, dumps, is_http
 
 PROTOCOL = "fal"
 PREFIX = "/fal"
-_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._~-]*"
-_MODEL_RE = re.compile(rf"{_SEGMENT}(/{_SEGMENT})+")
-_REQUEST_RE = re.compile(rf"(?P<app>{_SEGMENT}/{_SEGMENT})/requests/(?P<id>[^/]+)(?P<tail>/status|/cancel)?")
+_SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]*")
+# fal-client (AppId.from_endpoint_id) keeps three segments of an id in these
+# namespaces and two of any other; an id with no slash is `<digits>-<name>`.
+_NAMESPACES = ("workflows", "comfy")
+_NUMERIC_APP_RE = re.compile(r"([0-9]+)-([a-zA-Z0-9-]+)")
+_REQUEST_TAILS = {None: "result", "status": "status", "cancel": "cancel"}
+
+
+def queue_root(endpoint_id: str) -> str | None:
+    """Where an endpoint's requests are addressed, or None for an id fal
+    would not accept: `fal-ai/flux/dev` → `fal-ai/flux`,
+    `workflows/me/wf/sub` → `workflows/me/wf`, `123-myapp` → `123/myapp`."""
+    parts = endpoint_id.split("/")
+    if len(parts) == 1:
+        numeric = _NUMERIC_APP_RE.fullmatch(endpoint_id)
+        return f"{numeric[1]}/{numeric[2]}" if numeric else None
+    keep = 3 if parts[0] in _NAMESPACES else 2
+    if len(parts) < keep or not all(_SEGMENT_RE.fullmatch(part) for part in parts):
+        return None
+    return "/".join(parts[:keep])
+
+
+def request_ref(path: str) -> tuple[str, str, str] | None:
+    """(queue root, request id, "status" | "result" | "cancel") for a path
+    under the queue root's `requests/`, else None (then it is a submit)."""
+    parts = path.split("/")
+    keep = 3 if parts[0] in _NAMESPACES else 2
+    if len(parts) not in (keep + 2, keep + 3) or parts[keep] != "requests":
+        return None
+    tail = parts[keep + 2] if len(parts) == keep + 3 else None
+    root = queue_root("/".join(parts[:keep]))
+    if root is None or not parts[keep + 1] or tail not in _REQUEST_TAILS:
+        return None
+    return root, parts[keep + 1], _REQUEST_TAILS[tail]
 
 
 def _error(status: int, detail: Any, error_type: str | None = None) -> JSONResponse:
@@ -106,7 +140,7 @@ def status_view(task: Task, now: float, with_logs: bool) -> tuple[dict[str, Any]
     return body, 200
 
 
-async def _submit(request: Request, model_id: str) -> Response:
+async def _submit(request: Request, model_id: str, app_path: str) -> Response:
     sim: Simulator = request.app.state.sim
     if sim.fault("submit_error"):
         return _error(500, "simulated submit error", "internal_error")
@@ -123,7 +157,6 @@ async def _submit(request: Request, model_id: str) -> Response:
         controls = parse_controls(body)
     except ControlError as exc:
         return _validation_error(["body", exc.field], str(exc))
-    app_path = "/".join(model_id.split("/")[:2])
     task = sim.create_task(
         task_id=str(uuid.uuid4()),
         protocol=PROTOCOL,
@@ -136,30 +169,27 @@ async def _submit(request: Request, model_id: str) -> Response:
     )
     if sim.fault("submit_timeout_after_create"):
         return HoldThenDrop(sim.hold_s)
-    return JSONResponse({
-        "status": "IN_QUEUE",
-        "request_id": task.id,
-        "gateway_request_id": task.id,
-        **_urls(task),
-        "queue_position": 0,
-    })
+    # fal-client reads request_id and the three URLs (and then uses those
+    # URLs); fal's JS client types the answer as an IN_QUEUE status, hence
+    # `status` and `queue_position`. Nothing else is documented here.
+    return JSONResponse({"status": "IN_QUEUE", "request_id": task.id, **_urls(task), "queue_position": 0})
 
 
 def _find(sim: Simulator, app_path: str, request_id: str) -> Task | None:
     task = sim.store.get(request_id, PROTOCOL)
-    # Status/result/cancel URLs name the owner/app only, never the sub-path:
-    # a URL built from the full model id is wrong on real fal, so here too.
+    # Status/result/cancel URLs name the queue root only, never the sub-path:
+    # a URL built from the full endpoint id is wrong on real fal, so here too.
     if task is None or task.extra["app"] != app_path:
         return None
     return task
 
 
-async def _status(request: Request, task_ref: re.Match) -> Response:
+async def _status(request: Request, app_path: str, request_id: str) -> Response:
     sim: Simulator = request.app.state.sim
     sim.store.stats.status_calls += 1
     if sim.fault("status_error"):
         return _error(500, "simulated status error", "internal_error")
-    task = _find(sim, task_ref["app"], task_ref["id"])
+    task = _find(sim, app_path, request_id)
     if task is None:
         return _error(404, "Request not found")
     with_logs = request.query_params.get("logs") in ("1", "true")
@@ -167,11 +197,11 @@ async def _status(request: Request, task_ref: re.Match) -> Response:
     return JSONResponse(body, status_code=status)
 
 
-async def _result(request: Request, task_ref: re.Match) -> Response:
+async def _result(request: Request, app_path: str, request_id: str) -> Response:
     sim: Simulator = request.app.state.sim
     if sim.fault("status_error"):
         return _error(500, "simulated status error", "internal_error")
-    task = _find(sim, task_ref["app"], task_ref["id"])
+    task = _find(sim, app_path, request_id)
     if task is None:
         return _error(404, "Request not found")
     now = time.time()
@@ -185,9 +215,9 @@ async def _result(request: Request, task_ref: re.Match) -> Response:
     return JSONResponse(result_payload(task))
 
 
-async def _cancel(request: Request, task_ref: re.Match) -> Response:
+async def _cancel(request: Request, app_path: str, request_id: str) -> Response:
     sim: Simulator = request.app.state.sim
-    task = _find(sim, task_ref["app"], task_ref["id"])
+    task = _find(sim, app_path, request_id)
     if task is None:
         return JSONResponse({"status": "NOT_FOUND"}, status_code=404)
     if not sim.cancel_task(task):
@@ -201,19 +231,20 @@ async def queue(request: Request) -> Response:
     if auth_token(request, "Key") is None:
         return _unauthorized()
     path = request.path_params["path"].strip("/")
-    task_ref = _REQUEST_RE.fullmatch(path)
     method = request.method
-    if task_ref is not None:
-        tail = task_ref["tail"]
-        if method in ("GET", "HEAD") and tail == "/status":
-            return await _status(request, task_ref)
-        if method in ("GET", "HEAD") and tail is None:
-            return await _result(request, task_ref)
-        if method == "PUT" and tail == "/cancel":
-            return await _cancel(request, task_ref)
+    ref = request_ref(path)
+    if ref is not None:
+        app_path, request_id, action = ref
+        if method in ("GET", "HEAD") and action == "status":
+            return await _status(request, app_path, request_id)
+        if method in ("GET", "HEAD") and action == "result":
+            return await _result(request, app_path, request_id)
+        if method == "PUT" and action == "cancel":
+            return await _cancel(request, app_path, request_id)
         return _error(405, "Method Not Allowed")
-    if method == "POST" and _MODEL_RE.fullmatch(path) and "/requests/" not in f"/{path}/":
-        return await _submit(request, path)
+    root = queue_root(path)
+    if method == "POST" and root is not None and "/requests/" not in f"/{path}/":
+        return await _submit(request, path, root)
     return _error(404, "Not Found")
 
 

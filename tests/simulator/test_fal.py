@@ -45,7 +45,9 @@ def test_request_goes_in_queue_in_progress_completed_with_a_result(client, sim_u
     assert request["response_url"] == base
     assert request["status_url"] == f"{base}/status"
     assert request["cancel_url"] == f"{base}/cancel"
-    assert request["gateway_request_id"] == request_id and request["queue_position"] == 0
+    # Only what fal documents for a submit answer (fal-client reads the id and URLs).
+    assert set(request) == {"status", "request_id", "response_url", "status_url", "cancel_url", "queue_position"}
+    assert request["status"] == "IN_QUEUE" and request["queue_position"] == 0
 
     first = status(client, request)
     assert first.status_code == 202 and first.json()["status"] in ("IN_QUEUE", "IN_PROGRESS")
@@ -72,6 +74,39 @@ def test_status_urls_built_from_the_full_model_id_are_404(client, sim_url):
     other_app = f"{sim_url}/fal/fal-ai/other/requests/{request['request_id']}/status"
     assert client.get(other_app, headers=AUTH).status_code == 404
     assert client.get("/fal/fal-ai/flux/requests/nope/status", headers=AUTH).status_code == 404
+
+
+@pytest.mark.parametrize("model, root", [
+    ("workflows/me/wf", "workflows/me/wf"),
+    ("workflows/me/wf/sub/path", "workflows/me/wf"),
+    ("comfy/me/wf/x", "comfy/me/wf"),
+    ("123-myapp", "123/myapp"),
+])
+def test_namespaced_and_numeric_ids_are_addressed_as_fal_client_does(client, sim_url, model, root):
+    request = submit(client, {"duration_s": 0}, model=model).json()
+    base = f"{sim_url}/fal/{root}/requests/{request['request_id']}"
+    assert (request["response_url"], request["status_url"], request["cancel_url"]) == (
+        base, f"{base}/status", f"{base}/cancel")
+    assert status(client, request).json()["status"] == "COMPLETED"
+    assert client.get(request["response_url"], headers=AUTH).status_code == 200
+
+
+def test_a_workflow_is_not_found_at_a_two_segment_root(client, sim_url):
+    request_id = submit(client, {"duration_s": 0}, model="workflows/me/wf/sub").json()["request_id"]
+    for wrong in ("workflows/me", "workflows/me/wf/sub"):
+        assert client.get(f"{sim_url}/fal/{wrong}/requests/{request_id}/status", headers=AUTH).status_code == 404
+
+
+@pytest.mark.parametrize("with_logs, logs", [(None, None), ("false", None), ("true", []), ("1", [])])
+def test_status_bodies_carry_what_fal_client_requires(client, with_logs, logs):
+    params = {"logs": with_logs} if with_logs else {}
+    queued = submit(client, {"duration_s": 600}).json()
+    body = client.get(queued["status_url"], params=params, headers=AUTH).json()
+    assert body["status"] == "IN_QUEUE" and body["queue_position"] == 0 and "logs" not in body
+    done = submit(client, {"duration_s": 0}).json()
+    body = client.get(done["status_url"], params=params, headers=AUTH).json()
+    assert body["status"] == "COMPLETED" and body["logs"] == logs and "error" not in body
+    assert body["metrics"]["inference_time"] >= 0
 
 
 def test_a_model_without_sub_path_works_the_same(client, sim_url):
@@ -134,8 +169,9 @@ def test_invalid_submit_is_422_and_creates_nothing(client, content, params, mode
     assert client.get("/_sim/stats").json()["tasks_created"] == 0
 
 
-def test_a_model_id_needs_an_owner_and_an_app(client):
-    assert client.post("/fal/flux", json={}, headers=AUTH).status_code == 404
+@pytest.mark.parametrize("model", ["flux", "workflows/me", "comfy/me", "123-", "fal-ai/flux/dev/requests/x"])
+def test_a_model_id_needs_an_owner_and_an_app(client, model):
+    assert client.post(f"/fal/{model}", json={}, headers=AUTH).status_code == 404
     assert client.get("/_sim/stats").json()["tasks_created"] == 0
 
 
