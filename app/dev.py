@@ -192,7 +192,7 @@ demo owner {owner_id}, API key: {api_key}
 
   curl -s -X POST {base_url}/v1/jobs -H 'Authorization: Bearer {api_key}' \\
        -H 'Content-Type: application/json' \\
-       -d '{{"provider": ProviderName.SIM, "model": "image-fast", "input": {{"duration_s": 2}}, "max_credits": 10}}'
+       -d '{{"provider": "sim", "model": "image-fast", "input": {{"duration_s": 2}}, "max_credits": 10}}'
 
 Ctrl-C to stop.""")
     elif demo.done():
