@@ -40,6 +40,7 @@ import httpx
 
 from app.download_errors import DownloadError as DownloadError
 from app.download_errors import HostBusy as HostBusy
+from app.download_errors import OutputGone as OutputGone
 from app.download_errors import OutputTooLarge as OutputTooLarge
 from app.download_errors import Refused as Refused
 from app.http_transport import AsyncioTransport
@@ -377,6 +378,8 @@ async def _download(url: str, policy: DownloadPolicy, file, digest,
                             raise Refused("refused: redirect to an invalid URL") from None
                         current = _parse_checked(str(target), policy)
                         continue
+                    if response.status_code in (404, 410):
+                        raise OutputGone(f"HTTP {response.status_code} from {describe(current)}")
                     if not 200 <= response.status_code < 300:
                         raise DownloadError(f"HTTP {response.status_code} from {describe(current)}")
                     await _stream_to(response, current, policy, file, digest)

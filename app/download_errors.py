@@ -15,6 +15,11 @@ class Refused(DownloadError):
     """Policy refused the URL (scheme, host, address, redirects); nothing was fetched from it."""
 
 
+class OutputGone(DownloadError):
+    """The output's host answered 404 or 410: it does not have the output
+    (any more, or yet). Whether that means expired is the settle step's call."""
+
+
 class HostBusy(DownloadError):
     """The output's host already has as many downloads running as allowed;
     nothing was fetched. Asking again later is the answer."""

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from app.domain import states
 from app.domain.record import JobRecord
-from app.download_errors import DownloadError, HostBusy, OutputTooLarge, Refused
+from app.download_errors import DownloadError, HostBusy, OutputGone, OutputTooLarge, Refused
 from app.providers.base import (
     Observation,
+    OutputValue,
     ProviderError,
     ProviderFacts,
     Rejected,
@@ -73,11 +74,13 @@ class AskProvider:
 
 @dataclass(frozen=True)
 class StoreOutputs:
-    """Settle: the task succeeded. Copy every output into our storage, then
-    close the job succeeded, charged `charge`."""
+    """Settle: the task succeeded. Copy every output into our storage (the
+    URLs downloaded, then the values as they are, indexed in that order),
+    then close the job succeeded, charged `charge`."""
 
     urls: tuple[str, ...]
     charge: int
+    values: tuple[OutputValue, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,8 @@ def give_up(status: JobStatus, deadline_at: dt.datetime, now: dt.datetime) -> Cl
 
 # --- settle -------------------------------------------------------------------------
 
+OUTPUTS_REMOVED = "the provider removed the outputs before they were copied"
+
 
 def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, now: dt.datetime,
            attempts: int, facts: ProviderFacts) -> SettleDecision:
@@ -165,19 +170,26 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
     if seen.state in (TaskState.FAILED, TaskState.CANCELLED):
         return Close(JobStatus.FAILED, JobError.PROVIDER_FAILED,
                      seen.error or f"the provider reports the task {seen.state.value}")
-    return StoreOutputs(tuple(seen.output_urls), states.charge_for(job.credits_reserved, seen.cost))
+    if seen.output_removed:
+        # A success whose outputs are gone is not a success: nothing to deliver, nothing to charge.
+        return Close(JobStatus.FAILED, JobError.OUTPUT_EXPIRED, OUTPUTS_REMOVED)
+    return StoreOutputs(tuple(seen.output_urls), states.charge_for(job.credits_reserved, seen.cost),
+                        values=tuple(seen.values))
 
 
 def after_download_error(index: int, error: DownloadError, attempts: int) -> Close | Retry | Wait:
     """By class: too large or refused by policy can never succeed if asked
-    again; a host already serving its share of downloads is a wait that
-    counts as no failure (a stalled host must not exhaust its jobs'
-    attempts); any other download error (a new subclass included) is luck:
-    back off."""
+    again; a 404 or 410 is the output gone at the provider (CONTRACT.md:
+    removed or expired, the job fails `output_expired` at once, refunded);
+    a host already serving its share of downloads is a wait that counts as
+    no failure (a stalled host must not exhaust its jobs' attempts); any
+    other download error (a 5xx, a timeout, a new subclass) is luck: back off."""
     if isinstance(error, OutputTooLarge):
         return Close(JobStatus.FAILED, JobError.OUTPUT_TOO_LARGE, str(error))
     if isinstance(error, Refused):
         return Close(JobStatus.FAILED, JobError.OUTPUT_REFUSED, str(error))
+    if isinstance(error, OutputGone):
+        return Close(JobStatus.FAILED, JobError.OUTPUT_EXPIRED, f"download {index}: {error}")
     if isinstance(error, HostBusy):
         return Wait(policy.HOST_BUSY_RETRY_S, f"download {index}: {error}")
     return Retry(attempts, f"download {index}: {error}")

@@ -16,16 +16,19 @@ What to do in each case is decided in outbox/decide.py; this is the I/O.
 """
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import hashlib
 import logging
 import os
+import tempfile
 import time
 
 from app.domain import jobs
 from app.domain.record import JobRecord
-from app.download import DownloadError, download_to_file
+from app.download import Downloaded, DownloadError, OutputTooLarge, download_to_file
 from app.metrics import DOWNLOAD_BYTES, SETTLE_SECONDS
-from app.providers.base import Observation, ProviderError
+from app.providers.base import Observation, OutputValue, ProviderError
 from app.storage import object_key
 from app.vocabulary import CallOutcome, JobStatus, ProviderCall
 from outbox import decide
@@ -78,8 +81,27 @@ async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.Se
     raise TypeError(f"a settle step cannot carry out {decision!r}")
 
 
+def _spool(value: OutputValue, directory: str, max_bytes: int) -> Downloaded:
+    """A value output as a file in `directory`, like a download's: the
+    storage takes every output the same way, by path, sha256 and size."""
+    if len(value.data) > max_bytes:
+        raise OutputTooLarge(f"output is larger than the {max_bytes} byte cap")
+    try:
+        fd, path = tempfile.mkstemp(prefix=".value-", suffix=".part", dir=directory)
+    except OSError as exc:
+        raise DownloadError(f"could not create a file for the output ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(value.data)
+    except OSError as exc:  # the disk: full, gone, read-only
+        os.unlink(path)
+        raise DownloadError(f"could not write the output ({exc.strerror})") from None
+    return Downloaded(path=path, bytes=len(value.data), sha256=hashlib.sha256(value.data).hexdigest(),
+                      content_type=value.content_type)
+
+
 async def _succeed(ctx: Context, job: JobRecord, provider, store: decide.StoreOutputs, attempts: int) -> Outcome:
-    downloaded = []
+    downloaded: list[Downloaded] = []
     try:
         policy_ = ctx.download_policy(provider)
         for index, url in enumerate(store.urls):
@@ -90,6 +112,13 @@ async def _succeed(ctx: Context, job: JobRecord, provider, store: decide.StoreOu
                                         attempts)
             downloaded.append(got)
             DOWNLOAD_BYTES.observe(got.bytes)
+        for index, value in enumerate(store.values, start=len(store.urls)):
+            try:
+                got = await asyncio.to_thread(_spool, value, ctx.download_dir, policy_.max_bytes)
+            except DownloadError as e:
+                return await _carry_out(ctx, job, provider, decide.after_download_error(index, e, attempts),
+                                        attempts)
+            downloaded.append(got)
         assets = []
         for index, got in enumerate(downloaded):
             key = object_key(job.owner_id, job.id, index)

@@ -66,14 +66,35 @@ class Task:
     model: str | None = None
 
 
+# The media types of outputs that are values in the provider's answer.
+TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
+JSON_CONTENT_TYPE = "application/json"
+
+
+@dataclass(frozen=True)
+class OutputValue:
+    """An output carried in the provider's answer itself (a model that
+    answers a string, a JSON value, inline bytes): stored as it is, with no
+    download."""
+
+    data: bytes
+    content_type: str
+    label: str | None = None  # names the output when a task has several kinds
+
+
 @dataclass(frozen=True)
 class Observation:
-    """What the provider says about a task right now."""
+    """What the provider says about a task right now. A success's outputs are
+    `output_urls` (downloaded) then `values` (stored as they are), indexed in
+    that order."""
 
     state: TaskState
     output_urls: tuple[str, ...] = ()
     cost: int | None = None  # credits, when the provider reports a cost
     error: str | None = None  # the provider's reason for a failure
+    values: tuple[OutputValue, ...] = ()
+    # The provider says the outputs no longer exist (Replicate's `data_removed`).
+    output_removed: bool = False
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ with Standard Webhooks using the account's signing secret.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -17,7 +18,10 @@ from urllib.parse import quote
 import httpx
 
 from app.providers.base import (
+    JSON_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE,
     Observation,
+    OutputValue,
     Provider,
     ProviderFacts,
     Rejected,
@@ -82,14 +86,54 @@ def route_for_model(model: str) -> tuple[str, dict[str, Any]]:
     raise Rejected(f"{NAME}: model must be owner/name, owner/name:version or a version id")
 
 
+def _is_url(value: Any) -> bool:
+    return bool(collect_urls(value)) if isinstance(value, str) else False  # the one rule of what a URL is
+
+
+def outputs_of(output: Any) -> tuple[tuple[str, ...], tuple[OutputValue, ...]]:
+    """A succeeded prediction's `output` (any JSON, the model's choice) as
+    URLs to download and values to store (pure). A URL string, or a list of
+    them, is files; any other string is text (LLMs answer one); a list with
+    any string that is not a URL is one JSON value (LLMs stream token
+    lists); other shapes give the URLs found anywhere in them (`{"video":
+    url, "seed": 3}`: the video), or, with no URL in them, one JSON value.
+    `null` (or an empty list) is no output."""
+    if output is None or output == []:
+        return (), ()
+    if isinstance(output, str):
+        if _is_url(output):
+            return (output,), ()
+        return (), (OutputValue(_utf8(output), TEXT_CONTENT_TYPE),)
+    if isinstance(output, list) and any(isinstance(item, str) and not _is_url(item) for item in output):
+        return (), (_json_value(output),)
+    urls = collect_urls(output)
+    if urls:
+        return urls, ()
+    return (), (_json_value(output),)
+
+
+def _json_value(output: Any) -> OutputValue:
+    # Compact, and the text as the model wrote it (no \u escapes for non-ASCII).
+    return OutputValue(_utf8(json.dumps(output, separators=(",", ":"), ensure_ascii=False)), JSON_CONTENT_TYPE)
+
+
+def _utf8(text: str) -> bytes:
+    # A lone surrogate (JSON can carry "\ud800") has no UTF-8 form: it becomes "?".
+    return text.encode("utf-8", "replace")
+
+
 def observation_from_prediction(body: dict, secrets: Secrets) -> Observation:
-    """A prediction JSON as an Observation (pure). Output may be a URL, a
-    list of URLs, or nested objects: every URL string counts."""
+    """A prediction JSON as an Observation (pure). An hour after it ends the
+    API removes a prediction's input and output (`data_removed: true`,
+    `output: null`): a success with its outputs gone."""
     state = _STATES.get(body.get("status"))  # type: ignore[arg-type]
     if state is None:
         raise Transient(f"{NAME}: unknown prediction status {secrets.mask(str(body.get('status')), 40)!r}")
     if state is TaskState.SUCCEEDED:
-        return Observation(state=state, output_urls=collect_urls(body.get("output")))
+        if body.get("data_removed") is True:
+            return Observation(state=state, output_removed=True)
+        urls, values = outputs_of(body.get("output"))
+        return Observation(state=state, output_urls=urls, values=values)
     if state is TaskState.FAILED:
         return ended(state, secrets, body.get("error"), fallback="the prediction failed")
     if state is TaskState.CANCELLED:

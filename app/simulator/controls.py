@@ -41,6 +41,8 @@ class Controls:
     cost: int = 1
     output_ttl_s: float = 3600.0
     content_type: str = "image/png"
+    # The task answers this text instead of files (Replicate: `output` is the string).
+    output_text: str | None = None
 
 
 def _number(value: Any, field: str, low: float, high: float, *, low_open: bool = False) -> float:
@@ -89,4 +91,8 @@ def parse_controls(input: Mapping[str, Any]) -> Controls:
         if not isinstance(content_type, str) or not _CONTENT_TYPE_RE.fullmatch(content_type):
             raise ControlError("content_type", "must be a media type like image/png")
         values["content_type"] = content_type.lower()
+    if "output_text" in input:
+        if not isinstance(input["output_text"], str):
+            raise ControlError("output_text", "must be a string")
+        values["output_text"] = input["output_text"]
     return replace(defaults, **values) if values else defaults

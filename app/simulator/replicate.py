@@ -80,6 +80,9 @@ def prediction_view(task: Task, now: float) -> dict[str, Any]:
             "predict_time": round(task.done_at - task.started_at, 6),
             "total_time": round(task.done_at - task.created_at, 6),
         }
+    # The API removes a prediction's output an hour after it ends (the
+    # output's lifetime here): `output` becomes null, `data_removed` true.
+    removed = phase is Phase.SUCCEEDED and now >= task.outputs_expire_at
     base = f"{task.base_url}{PREFIX}/v1/predictions/{task.id}"
     return {
         "id": task.id,
@@ -87,8 +90,8 @@ def prediction_view(task: Task, now: float) -> dict[str, Any]:
         "version": task.extra["version"],
         "input": task.input,
         "logs": "",
-        "output": task.output_urls() if phase is Phase.SUCCEEDED else None,
-        "data_removed": phase is Phase.SUCCEEDED and now >= task.outputs_expire_at,
+        "output": _output(task) if phase is Phase.SUCCEEDED and not removed else None,
+        "data_removed": removed,
         "error": task.error(now) if phase is Phase.FAILED else None,
         "source": "api",
         "status": _STATUS[phase],
@@ -100,6 +103,13 @@ def prediction_view(task: Task, now: float) -> dict[str, Any]:
         "webhook": task.callback_url,
         "webhook_events_filter": list(task.extra["webhook_events_filter"]),
     }
+
+
+def _output(task: Task) -> str | list[str]:
+    # A language model answers its text; others a list of file URLs.
+    if task.controls.output_text is not None:
+        return task.controls.output_text
+    return task.output_urls()
 
 
 async def _create(request: Request, model: str | None) -> Response:

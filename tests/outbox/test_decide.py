@@ -15,8 +15,17 @@ import random
 import pytest
 
 from app.domain.record import JobRecord
-from app.download_errors import DownloadError, HostBusy, OutputTooLarge, Refused
-from app.providers.base import Observation, ProviderFacts, Rejected, Submitted, TaskState, Transient, Uncertain
+from app.download_errors import DownloadError, HostBusy, OutputGone, OutputTooLarge, Refused
+from app.providers.base import (
+    Observation,
+    OutputValue,
+    ProviderFacts,
+    Rejected,
+    Submitted,
+    TaskState,
+    Transient,
+    Uncertain,
+)
 from app.vocabulary import ALL_STATUSES, JobError, JobStatus
 from outbox import decide
 from outbox.decide import LOOK_UP, SEND, AskProvider, Close, MarkUncertain, Save, StoreOutputs, Wait
@@ -283,6 +292,42 @@ def test_a_cost_over_the_reservation_is_capped():
         StoreOutputs(("https://out.example/0",), charge=10)
 
 
+# A success in each of its forms (a running job asked about it): values are
+# stored after the URLs; outputs the provider says it removed fail the job
+# with a full refund; a reported completion time dates the outputs' expiry
+# (FACTS: the default lifetime, 3600 s).
+TEXT = OutputValue(b"hello Alice", "text/plain; charset=utf-8")
+JSON = OutputValue(b'["hello"," Alice"]', "application/json")
+SUCCESSES = {
+    "values only": Observation(TaskState.SUCCEEDED, values=(TEXT, JSON)),
+    "urls and values": Observation(TaskState.SUCCEEDED, ("https://out.example/0",), cost=3, values=(TEXT,)),
+    "removed": Observation(TaskState.SUCCEEDED, output_removed=True),
+    "removed, urls still listed": Observation(TaskState.SUCCEEDED, ("https://out.example/0",), cost=3,
+                                              output_removed=True),
+}
+OUTPUTS_REMOVED = Close(S.FAILED, JobError.OUTPUT_EXPIRED, "the provider removed the outputs before they were copied")
+SUCCESS_TABLE = [
+    ("values only", "ahead", StoreOutputs((), charge=10, values=(TEXT, JSON))),
+    ("values only", "passed", EXPIRE_RUNNING),
+    ("urls and values", "ahead", StoreOutputs(("https://out.example/0",), charge=3, values=(TEXT,))),
+    ("urls and values", "passed", EXPIRE_RUNNING),
+    ("removed", "ahead", OUTPUTS_REMOVED),
+    ("removed", "passed", EXPIRE_RUNNING),
+    ("removed, urls still listed", "ahead", OUTPUTS_REMOVED),
+    ("removed, urls still listed", "passed", EXPIRE_RUNNING),
+]
+
+
+def test_the_success_table_covers_every_form():
+    assert sorted((seen, d) for seen, d, _ in SUCCESS_TABLE) == sorted(itertools.product(SUCCESSES, DEADLINES))
+
+
+@pytest.mark.parametrize("seen,deadline,expected", SUCCESS_TABLE, ids=[f"{o}-{d}" for o, d, _ in SUCCESS_TABLE])
+def test_settle_a_success(seen, deadline, expected):
+    got = decide.settle(job(S.RUNNING, deadline), SUCCESSES[seen], now=NOW, attempts=ATTEMPTS, facts=FACTS)
+    assert got == expected
+
+
 class SomeNewDownloadError(DownloadError):
     """A download error class the download layer may add later: it must fall into the backoff."""
 
@@ -292,7 +337,11 @@ DOWNLOAD_ERRORS = [
      Close(S.FAILED, JobError.OUTPUT_TOO_LARGE, "output is over 1000 bytes")),
     ("refused", Refused("host not allowed: evil.example"),
      Close(S.FAILED, JobError.OUTPUT_REFUSED, "host not allowed: evil.example")),
-    ("other", DownloadError("404 from out.example"), R(3, "download 1: 404 from out.example")),
+    ("other", DownloadError("HTTP 503 from out.example"), R(3, "download 1: HTTP 503 from out.example")),
+    ("gone 404", OutputGone("HTTP 404 from https://out.example"),
+     Close(S.FAILED, JobError.OUTPUT_EXPIRED, "download 1: HTTP 404 from https://out.example")),
+    ("gone 410", OutputGone("HTTP 410 from https://out.example"),
+     Close(S.FAILED, JobError.OUTPUT_EXPIRED, "download 1: HTTP 410 from https://out.example")),
     ("host busy", HostBusy("out.example has 4 downloads running"),
      Wait(5.0, "download 1: out.example has 4 downloads running")),
     ("new subclass", SomeNewDownloadError("out.example stalled"), R(3, "download 1: out.example stalled")),

@@ -146,18 +146,20 @@ async def test_download_failures_to_the_cap_fail_the_job_with_a_refund(web, make
     await assert_money_balances(db)
 
 
-async def test_an_expired_output_url_is_retried_then_refunded(web, make_owner, db, sim, make_settings,
-                                                              start_settler):
+async def test_an_expired_output_url_fails_output_expired_at_once_refunded(web, make_owner, db, sim, make_settings,
+                                                                           start_settler):
+    """CONTRACT.md: a success whose output download answers 404 or 410 is
+    not a success: `output_expired` at once (no retries), fully refunded."""
     server = await web(SIM_URL=sim.url)
     await start_settler(make_settings(SIM_URL=sim.url))
     owner = await make_owner(credits=100)
     async with server.client(owner.api_key) as c:
         created = (await c.post("/v1/jobs", json=job(output_ttl_s=0.001))).json()
-    await wait_for_failed_attempt(db, created["id"])
-    await _exhaust_next_attempt(db, created["id"])
     row = await wait_for_status(db, created["id"], "failed")
-    assert row["error_code"] == "settle_exhausted"
+    assert row["error_code"] == "output_expired"
     assert "404" in row["error_message"], row["error_message"]  # the expired URL's answer, kept for operators
+    assert row["credits_refunded"] == row["credits_reserved"] and row["credits_charged"] == 0
+    assert await db.fetchval("select count(*) from assets where job_id = $1", created["id"]) == 0
     await assert_money_balances(db)
 
 

@@ -11,7 +11,7 @@ import pytest
 from app.config import load_settings
 from app.providers import KNOWN_PROVIDERS, build_providers, close_providers
 from app.providers.base import Rejected, TaskState, Transient, Uncertain
-from app.providers.fal import app_id, documented_urls, is_request_outcome, operation_urls, result_observation
+from app.providers.fal import documented_urls, is_request_outcome, operation_urls, queue_root, result_observation
 from app.providers.http import NO_SECRETS, Secrets, collect_urls, retry_after_seconds, same_origin
 from app.providers.kie import observation_from_record, result_urls, submit_outcome, with_token
 from app.providers.replicate import observation_from_prediction, route_for_model
@@ -86,17 +86,61 @@ def test_replicate_status_mapping(status, state):
     assert observation_from_prediction({"status": status}, NO_SECRETS).state is state
 
 
-@pytest.mark.parametrize("output, urls", [
-    ("https://replicate.delivery/a.png", ("https://replicate.delivery/a.png",)),
-    (["https://r.delivery/1.png", "https://r.delivery/2.png"], ("https://r.delivery/1.png", "https://r.delivery/2.png")),
-    ({"video": "https://r.delivery/v.mp4", "frames": [["https://r.delivery/f.png"]], "seed": 3},
-     ("https://r.delivery/v.mp4", "https://r.delivery/f.png")),
-    ("hello Alice", ()),
-    (None, ()),
+# Replicate's documented prediction object (the HTTP API reference's
+# replicate/hello-world example); rows change only what they test.
+HELLO_WORLD = {
+    "id": "gm3qorzdhgbfurvjtvhg6dckhu",
+    "model": "replicate/hello-world",
+    "version": VERSION,
+    "input": {"text": "Alice"},
+    "logs": "",
+    "output": "hello Alice",
+    "data_removed": False,
+    "error": None,
+    "status": "succeeded",
+    "created_at": "2023-09-08T16:19:34.765994Z",
+    "started_at": "2023-09-08T16:19:34.779176Z",
+    "completed_at": "2023-09-08T16:19:34.791859Z",
+    "urls": {"cancel": "https://api.replicate.com/v1/predictions/gm3qorzdhgbfurvjtvhg6dckhu/cancel",
+             "get": "https://api.replicate.com/v1/predictions/gm3qorzdhgbfurvjtvhg6dckhu"},
+    "metrics": {"predict_time": 0.012683},
+}
+TEXT_TYPE, JSON_TYPE = "text/plain; charset=utf-8", "application/json"
+
+
+# output, data_removed -> URLs, values as (bytes, content type), removed
+@pytest.mark.parametrize("output, removed, urls, values, gone", [
+    ("hello Alice", False, (), ((b"hello Alice", TEXT_TYPE),), False),
+    ("h\u00e9llo \U0001f600", False, (), (("h\u00e9llo \U0001f600".encode(), TEXT_TYPE),), False),
+    ("", False, (), ((b"", TEXT_TYPE),), False),
+    (["Hello", " Alice", "!"], False, (), ((b'["Hello"," Alice","!"]', JSON_TYPE),), False),
+    (["see", "https://r.delivery/1.png"], False, (), ((b'["see","https://r.delivery/1.png"]', JSON_TYPE),), False),
+    ("https://replicate.delivery/a.png", False, ("https://replicate.delivery/a.png",), (), False),
+    (["https://r.delivery/1.png", "https://r.delivery/2.png"], False,
+     ("https://r.delivery/1.png", "https://r.delivery/2.png"), (), False),
+    ({"video": "https://r.delivery/v.mp4", "frames": [["https://r.delivery/f.png"]], "seed": 3}, False,
+     ("https://r.delivery/v.mp4", "https://r.delivery/f.png"), (), False),
+    ({"text": "a cat", "score": 0.5}, False, (), ((b'{"text":"a cat","score":0.5}', JSON_TYPE),), False),
+    (42, False, (), ((b"42", JSON_TYPE),), False),
+    (None, False, (), (), False),
+    ([], False, (), (), False),
+    # an hour after it ends the API removes the output
+    (None, True, (), (), True),
+    ("hello Alice", True, (), (), True),
+    (["https://r.delivery/1.png"], True, (), (), True),
 ])
-def test_replicate_collects_url_strings_from_any_output_shape(output, urls):
-    obs = observation_from_prediction({"status": "succeeded", "output": output}, NO_SECRETS)
-    assert obs.output_urls == urls and obs.cost is None
+def test_replicate_outputs_of_every_shape(output, removed, urls, values, gone):
+    obs = observation_from_prediction({**HELLO_WORLD, "output": output, "data_removed": removed}, NO_SECRETS)
+    assert obs.state is TaskState.SUCCEEDED and obs.cost is None
+    assert obs.output_urls == urls
+    assert [(v.data, v.content_type, v.label) for v in obs.values] == [(d, t, None) for d, t in values]
+    assert obs.output_removed is gone
+
+
+def test_replicate_removed_data_of_a_failure_is_still_a_failure():
+    body = {**HELLO_WORLD, "status": "failed", "output": None, "data_removed": True, "error": "CUDA out of memory"}
+    obs = observation_from_prediction(body, NO_SECRETS)
+    assert obs.state is TaskState.FAILED and not obs.output_removed and obs.error == "CUDA out of memory"
 
 
 def test_replicate_failure_reason():
@@ -107,25 +151,40 @@ def test_replicate_failure_reason():
 # ------------------------------------------------------------------ fal
 
 
-@pytest.mark.parametrize("model, app", [
+# fal-client's AppId.from_endpoint_id: two segments kept, three in the
+# workflows/ and comfy/ namespaces, `<digits>-<name>` read as owner/name.
+@pytest.mark.parametrize("model, root", [
     ("fal-ai/fast-sdxl", "fal-ai/fast-sdxl"),
+    ("fal-ai/flux", "fal-ai/flux"),
     ("fal-ai/flux/dev", "fal-ai/flux"),
     ("fal-ai/kling-video/v2/master/text-to-video", "fal-ai/kling-video"),
+    ("workflows/me/wf", "workflows/me/wf"),
+    ("workflows/me/wf/sub/path", "workflows/me/wf"),
+    ("comfy/me/wf/x", "comfy/me/wf"),
+    ("123-myapp", "123/myapp"),
+    ("1714827-joke-v2", "1714827/joke-v2"),
+    ("me/workflows/x", "me/workflows"),  # a namespace only counts first
 ])
-def test_fal_status_urls_drop_the_subpath(model, app):
-    assert app_id(model) == app
+def test_fal_status_urls_name_the_queue_root_not_the_subpath(model, root):
+    assert queue_root(model) == root
     urls = documented_urls("https://queue.fal.run", model, "req-1")
     assert urls == {
-        "status_url": f"https://queue.fal.run/{app}/requests/req-1/status",
-        "response_url": f"https://queue.fal.run/{app}/requests/req-1",
-        "cancel_url": f"https://queue.fal.run/{app}/requests/req-1/cancel",
+        "status_url": f"https://queue.fal.run/{root}/requests/req-1/status",
+        "response_url": f"https://queue.fal.run/{root}/requests/req-1",
+        "cancel_url": f"https://queue.fal.run/{root}/requests/req-1/cancel",
     }
 
 
-@pytest.mark.parametrize("model", ["", "/x", "a/../b", "a//b", "a/b?c", "a/b#c", "http://evil/x"])
+@pytest.mark.parametrize("model", [
+    "", "/x", "a/../b", "a//b", "a/b?c", "a/b#c", "http://evil/x", "a/b/",
+    "flux",  # no owner, and not a numeric app id
+    "123-", "-myapp", "123-my_app", "123-myapp\n",
+    "workflows/me", "comfy/me", "workflows", "workflows/me/",  # a namespace needs owner and name
+    None, 42,
+])
 def test_fal_bad_model_is_rejected(model):
-    with pytest.raises(Rejected):
-        app_id(model)
+    with pytest.raises(Rejected, match="fal endpoint id"):
+        queue_root(model)
 
 
 def test_fal_keeps_given_urls_only_on_our_origin():
@@ -207,9 +266,10 @@ def test_kie_failure_reason():
 
 
 @pytest.mark.parametrize("code, error", [
-    (400, Rejected), (401, Rejected), (402, Rejected), (422, Rejected), (505, Rejected),
+    (401, Rejected), (402, Rejected), (404, Rejected), (422, Rejected), (501, Rejected), (505, Rejected),
     (429, Transient), (455, Transient),
-    (500, Uncertain), (501, Uncertain), (None, Uncertain),
+    # 500 and codes KIE does not document (400, 433...) may have created the task.
+    (500, Uncertain), (400, Uncertain), (433, Uncertain), (None, Uncertain),
 ])
 def test_kie_body_codes(code, error):
     with pytest.raises(error):

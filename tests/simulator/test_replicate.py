@@ -192,3 +192,29 @@ def test_invalid_create_is_rejected_and_creates_nothing(client, body, status):
     huge = b'{"version": "a/b:1", "input": {"prompt": 1e400}}'  # would be inf, which no answer can echo
     assert client.post("/replicate/v1/predictions", content=huge, headers=AUTH).status_code == 400
     assert client.get("/_sim/stats").json()["tasks_created"] == 0
+
+
+def test_output_text_makes_the_output_that_string(client):
+    prediction = create(client, {"duration_s": 0.1, "output_text": "hello Alice"}).json()
+    done = wait_status(client, prediction, ("succeeded",))
+    assert done["output"] == "hello Alice" and done["data_removed"] is False
+
+
+def test_after_the_output_lifetime_the_output_is_removed(client):
+    # 2 s of lifetime: the first read after the end falls well within it.
+    prediction = create(client, {"duration_s": 0.1, "output_ttl_s": 2}).json()
+    done = wait_status(client, prediction, ("succeeded",))
+    assert done["data_removed"] is False
+    (url,) = done["output"]
+    removed = wait_until(lambda: (p := get(client, prediction))["data_removed"] and p, 10, "data_removed")
+    assert removed["status"] == "succeeded" and removed["output"] is None
+    assert removed["completed_at"] == done["completed_at"]
+    assert httpx.get(url, trust_env=False).status_code == 404
+    text = create(client, {"duration_s": 0, "output_text": "hi", "output_ttl_s": 0.01}).json()
+    removed = wait_until(lambda: (p := get(client, text))["data_removed"] and p, 10, "data_removed")
+    assert removed["output"] is None
+
+
+def test_output_text_must_be_a_string(client):
+    response = create(client, {"output_text": 3})
+    assert response.status_code == 422 and "output_text" in response.json()["detail"]
