@@ -1,10 +1,13 @@
-"""KIE's market API (https://docs.kie.ai/market/common/get-task-detail).
+"""KIE's Market API: `POST /api/v1/jobs/createTask`, then
+`GET /api/v1/jobs/recordInfo` (https://docs.kie.ai/market/common/get-task-detail).
 
 KIE answers HTTP 200 with its own `code` in the body; that code decides.
-Its optional webhook signature covers only `taskId.timestamp`, not the
-body, so we do not rely on it: the callback URL we hand KIE carries our
-own capability token, and `verify` checks that token. There is no cancel
-endpoint.
+The envelope's text is `msg` in createTask's examples and `message` on the
+current Get Task Details page (`msg` in an older rendering): both are read.
+Its optional webhook signature (https://docs.kie.ai/common-api/webhook-verification)
+covers only `taskId.timestamp`, not the body, so we do not rely on it: the
+callback URL we hand KIE carries our own capability token, and `verify`
+checks that token. There is no cancel endpoint.
 """
 from __future__ import annotations
 
@@ -42,19 +45,27 @@ from app.vocabulary import ProviderName
 
 NAME = ProviderName.KIE
 
+# Get Task Details' `state`, all five of them.
 _STATES = {
     "waiting": TaskState.RUNNING,
-    "wait": TaskState.RUNNING,
     "queuing": TaskState.RUNNING,
-    "queueing": TaskState.RUNNING,
     "generating": TaskState.RUNNING,
     "success": TaskState.SUCCEEDED,
     "fail": TaskState.FAILED,
 }
-# KIE's documented body codes for a create that did not happen.
-_REJECTED_CODES = {400, 401, 402, 403, 404, 422, 505}
-# 455: "service unavailable, undergoing maintenance": refused, not taken.
+# createTask's documented body codes, by what each says about the task:
+# 401 unauthorized, 402 insufficient credits, 404 not found, 422 validation
+# error, 505 feature disabled: refused for good, nothing created. 501
+# "generation failed": KIE's word that this request ended without a result,
+# so the job fails (uncharged) rather than waiting on a task that will not
+# deliver.
+_REJECTED_CODES = {401, 402, 404, 422, 501, 505}
+# 429 rate limited, 455 "service unavailable (maintenance)": refused for
+# now, nothing taken; ask again later.
 _TRANSIENT_CODES = {429, 455}
+# 500 "server error" and any code KIE does not document stay Uncertain: an
+# unexpected error says nothing about whether the task was created, and a
+# paid task must not be created twice.
 
 
 def body_code(body: Mapping[str, Any]) -> int | None:
@@ -74,7 +85,7 @@ def _message(body: Mapping[str, Any], secrets: Secrets) -> str:
 
 def submit_outcome(body: Mapping[str, Any], secrets: Secrets) -> str:
     """The task id from a createTask answer, or the error its `code` means
-    (pure): 4xx codes Rejected, 429/455 Transient, 5xx or unknown Uncertain."""
+    (pure): see _REJECTED_CODES and _TRANSIENT_CODES; else Uncertain."""
     code = body_code(body)
     detail = _message(body, secrets)
     suffix = f": {detail}" if detail else ""
@@ -116,6 +127,28 @@ def observation_from_record(data: Mapping[str, Any], secrets: Secrets) -> Observ
     if state is TaskState.FAILED:
         return ended(state, secrets, data.get("failMsg"), data.get("failCode"), fallback="the task failed")
     return Observation(state=state)
+
+
+def record_outcome(body: Mapping[str, Any], secrets: Secrets) -> Observation:
+    """A whole recordInfo answer as an Observation, or the error its `code`
+    means (pure): 404 is "no such task" (Rejected); 501 is Get Task
+    Details' "generation failed, see failMsg": the task failed; any other
+    code but 200 is a read that did not work (Transient)."""
+    code = body_code(body)
+    if code == 404:
+        raise Rejected(f"{NAME}: no such task (code 404)")
+    if code == 501:
+        data = body.get("data")
+        record = data if isinstance(data, Mapping) else {}
+        return ended(TaskState.FAILED, secrets, record.get("failMsg"), body.get("message"), body.get("msg"),
+                     record.get("failCode"), fallback="the generation failed (code 501)")
+    if code != 200:
+        detail = _message(body, secrets)
+        raise Transient(f"{NAME}: recordInfo answered code {code}" + (f": {detail}" if detail else ""))
+    data = body.get("data")
+    if not isinstance(data, Mapping):
+        raise Transient(f"{NAME}: recordInfo answer has no data")
+    return observation_from_record(data, secrets)
 
 
 def with_token(callback_url: str, token: str) -> str:
@@ -188,17 +221,7 @@ class KieProvider(Provider):
             params={"taskId": task.task_id}, headers=self._headers(), secrets=self._secrets,
             not_found=None,  # KIE says "no such task" with body code 404, not HTTP 404
         )
-        body = json_object(response, NAME, Transient)
-        code = body_code(body)
-        if code == 404:
-            raise Rejected(f"{NAME}: no such task (code 404)")
-        if code != 200:
-            detail = _message(body, self._secrets)
-            raise Transient(f"{NAME}: recordInfo answered code {code}" + (f": {detail}" if detail else ""))
-        data = body.get("data")
-        if not isinstance(data, Mapping):
-            raise Transient(f"{NAME}: recordInfo answer has no data")
-        return observation_from_record(data, self._secrets)
+        return record_outcome(json_object(response, NAME, Transient), self._secrets)
 
     async def cancel(self, task: Task) -> None:
         return None  # KIE has no cancel endpoint; the task runs out on its own
@@ -207,6 +230,10 @@ class KieProvider(Provider):
         return None
 
     async def verify(self, webhook: WebhookRequest) -> bool:
+        # Our capability token only. KIE's X-Webhook-Signature, when a user
+        # enables it, signs `taskId.timestamp` and not the body, so it proves
+        # less than the token does; nor is the body trusted for state: status()
+        # asks recordInfo.
         try:
             return bool(check_capability_token(
                 webhook.query.get("token"), NAME, webhook.job_id, self._secret_keys

@@ -41,6 +41,9 @@ class Simulator:
         self.replicate_webhook_secret = "whsec_" + base64.b64encode(os.urandom(32)).decode("ascii")
         self.fal_private_key = Ed25519PrivateKey.generate()
         self.fal_user_id = FAL_USER_ID
+        # KIE's optional `webhookHmacKey` (an account setting there): None
+        # sends its callbacks unsigned, as KIE does until a user enables it.
+        self.kie_webhook_hmac_key: str | None = None
 
     def fault(self, name: str) -> bool:
         """Roll the dice for one request against the current rate of `name`."""
@@ -112,3 +115,4 @@ class Simulator:
     def reset(self) -> None:
         self.sender.cancel_all()
         self.store.reset()
+        self.kie_webhook_hmac_key = None

@@ -197,7 +197,7 @@ async def test_auth_headers_per_provider(adapter_on_script):
         assert headers["idempotency-key"] == "job_key"
 
 
-@pytest.mark.parametrize("code, error", [(422, Rejected), (402, Rejected), (401, Rejected),
+@pytest.mark.parametrize("code, error", [(422, Rejected), (402, Rejected), (401, Rejected), (501, Rejected),
                                          (429, Transient), (455, Transient), (500, Uncertain)])
 async def test_kie_body_codes_under_http_200(script, code, error):
     adapter = make_adapter("kie", script.url)
@@ -216,9 +216,11 @@ async def test_kie_status_body_codes(script):
         script.answer(200, {"code": 404, "msg": "task not found", "data": None})
         with pytest.raises(Rejected):
             await adapter.status(task_for("kie"))
-        script.answer(200, {"code": 500, "msg": "server error", "data": None})
-        with pytest.raises(Transient):
+        script.answer(200, {"code": 500, "message": f"server error ({TOKEN})", "data": None})
+        with pytest.raises(Transient) as caught:
             await adapter.status(task_for("kie"))
+        assert "server error" in str(caught.value)  # the current page's `message` is read too
+        assert_no_secret(caught.value)
         assert script.seen[-1].query == {"taskId": "task-1"}
     finally:
         await adapter.aclose()
