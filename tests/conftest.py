@@ -16,8 +16,9 @@ import uvicorn
 from app import db as app_db
 from app.config import load_settings
 from app.domain import owners
-from app.embedded import EmbeddedPostgres, free_port
+from app.embedded import EmbeddedPostgres
 from app.migrate import migrate
+from tests.support.loopback import serve_in_loop
 
 TABLES = "outbox, assets, ledger, jobs, api_keys, owners"
 
@@ -102,15 +103,8 @@ class Served:
 
 
 async def serve_app(app) -> tuple[uvicorn.Server, asyncio.Task, str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False, lifespan="on"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    return server, task, f"http://127.0.0.1:{port}"
+    running = await serve_in_loop(app, lifespan="on")
+    return running.server, running.task, running.url
 
 
 @pytest.fixture

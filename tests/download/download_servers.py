@@ -8,19 +8,12 @@ a refused URL was never fetched.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import socket
 import threading
 
 import uvicorn
 
-
-class _QuietServer(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self):
-        # The test runner owns Ctrl-C; a server inside a test must not take it.
-        yield
+from tests.support.loopback import serve_in_loop
 
 
 class RunningApp:
@@ -30,11 +23,8 @@ class RunningApp:
 
 
 async def start_app(app, **config) -> RunningApp:
-    """Serve an ASGI app on a free 127.0.0.1 port; stop it with stop_app."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
+    """Serve an ASGI app on a free 127.0.0.1 port, counting its requests;
+    stop it with stop_app."""
     holder: dict[str, RunningApp] = {}
 
     async def counting(scope, receive, send):
@@ -42,15 +32,8 @@ async def start_app(app, **config) -> RunningApp:
             holder["app"].requests += 1
         await app(scope, receive, send)
 
-    scheme = "https" if config.get("ssl_certfile") else "http"
-    server = _QuietServer(uvicorn.Config(counting, log_level="warning", lifespan="off",
-                                         timeout_graceful_shutdown=1, **config))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    holder["app"] = RunningApp(f"{scheme}://127.0.0.1:{port}", port, server, task)
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
+    running = await serve_in_loop(counting, **config)
+    holder["app"] = RunningApp(running.url, running.port, running.server, running.task)
     return holder["app"]
 
 

@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from app.domain import jobs
 from outbox.context import Context
 from outbox.settler import Settler
 from tests.support.simulator import RunningSimulator
@@ -85,3 +86,16 @@ async def assert_money_balances(pool) -> None:
         assert o["reserved"] == o["in_flight_reserved"], dict(o)
         assert o["charged"] == o["jobs_charged"], dict(o)
         assert o["active"] == o["in_flight"], dict(o)
+
+
+async def running_job(pool, owner_id: str, provider: str, model: str, task_id: str) -> str:
+    """A job whose submit the provider answered with `task_id`: saved as the
+    submit step saves it (no webhook registered), its first settle due at once."""
+    created = await jobs.create_job(pool, owner_id=owner_id, request_key=None, provider=provider,
+                                    model=model, input={}, max_credits=10, give_up_after_s=3600)
+    async with pool.acquire() as conn:
+        assert await jobs.begin_submit(conn, created.job_id)
+        saved = await jobs.save_task(conn, created.job_id, task_id=task_id, operation=None, webhook_secret=None,
+                                     callback_registered=False, first_check_after_s=0)
+    assert saved == jobs.Saved.RUNNING
+    return created.job_id

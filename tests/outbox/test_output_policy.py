@@ -10,23 +10,20 @@ be refused before anything is fetched.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.domain import jobs
 from app.vocabulary import JobError, JobStatus
-from tests.outbox.conftest import assert_money_balances, wait_for_status
+from tests.outbox.conftest import assert_money_balances, running_job, wait_for_status
+from tests.support.loopback import InLoopServer, serve_in_loop
 
 PROVIDERS = ("sim", "replicate", "fal", "kie")
 MODELS = {"sim": "image-fast", "replicate": "acme/model", "fal": "fal-ai/flux/dev", "kie": "acme/model"}
@@ -102,12 +99,6 @@ def provider_app(name: str, script: Script) -> Starlette:
     ])
 
 
-class _QuietServer(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield  # the test runner owns Ctrl-C
-
-
 Serve = Callable[..., Awaitable[str | None]]
 
 
@@ -115,43 +106,18 @@ Serve = Callable[..., Awaitable[str | None]]
 async def serve() -> AsyncIterator[Serve]:
     """serve(app, port=0) -> its http://127.0.0.1:<port> URL, on this event
     loop; None when a fixed port is taken. Stopped after the test."""
-    running: list[tuple[uvicorn.Server, asyncio.Task]] = []
+    running: list[InLoopServer] = []
 
     async def start(app, port: int = 0) -> str | None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            server = await serve_in_loop(app, port=port)
         except OSError:
-            sock.close()
             return None
-        server = _QuietServer(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
-                                             timeout_graceful_shutdown=1))
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        running.append((server, task))
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+        running.append(server)
+        return server.url
 
     yield start
-    for server, _ in running:
-        server.should_exit = True
-    await asyncio.gather(*(task for _, task in running), return_exceptions=True)
-
-
-async def running_job(pool, owner_id: str, provider: str, task_id: str) -> str:
-    """A job whose submit the provider answered with `task_id`: saved as the
-    submit step saves it, its first settle due at once."""
-    created = await jobs.create_job(pool, owner_id=owner_id, request_key=None, provider=provider,
-                                    model=MODELS[provider], input={}, max_credits=10, give_up_after_s=3600)
-    async with pool.acquire() as conn:
-        assert await jobs.begin_submit(conn, created.job_id)
-        saved = await jobs.save_task(conn, created.job_id, task_id=task_id, operation=None, webhook_secret=None,
-                                     callback_registered=False, first_check_after_s=0)
-    assert saved == jobs.Saved.RUNNING
-    return created.job_id
+    await asyncio.gather(*(server.stop() for server in running), return_exceptions=True)
 
 
 # ----------------------------------------------------------------- A: no fetch off the provider's own origin
@@ -179,7 +145,7 @@ async def test_outputs_off_the_providers_own_origin_are_refused_unfetched(
                            ("the same, over https", f"{nobodys.replace('http:', 'https:')}/canary/{provider}.png")):
             task_id = f"task-{i}-{len(cases)}"
             script.outputs[task_id] = url
-            cases[await running_job(db, owner.owner_id, provider, task_id)] = (provider, where)
+            cases[await running_job(db, owner.owner_id, provider, MODELS[provider], task_id)] = (provider, where)
 
     await start_settler(make_settings(**env), concurrency=16)
     for job_id, (provider, where) in cases.items():
@@ -201,7 +167,7 @@ async def test_outputs_on_the_providers_own_origin_are_fetched(db, make_owner, m
     ids = []
     for provider in PROVIDERS:
         script.outputs[f"task-{provider}"] = f"{own[provider]}/ok/{provider}.bin"
-        ids.append(await running_job(db, owner.owner_id, provider, f"task-{provider}"))
+        ids.append(await running_job(db, owner.owner_id, provider, MODELS[provider], f"task-{provider}"))
     await start_settler(make_settings(SIM_URL=own["sim"], REPLICATE_BASE_URL=own["replicate"],
                                       FAL_BASE_URL=own["fal"], KIE_BASE_URL=own["kie"]))
     for job_id in ids:
@@ -233,10 +199,10 @@ async def test_stalled_output_hosts_leave_the_settler_free_for_other_jobs(
     stalled_ids = []
     for i in range(STALLED_JOBS):
         script.outputs[f"stall-{i}"] = f"{stalling}/stall/{i}.mp4"
-        stalled_ids.append(await running_job(db, owner.owner_id, "sim", f"stall-{i}"))
+        stalled_ids.append(await running_job(db, owner.owner_id, "sim", MODELS["sim"], f"stall-{i}"))
     # Due after all of them, so a settler that claims in order gives them every slot first.
     script.outputs["healthy"] = f"{healthy}/ok/out.bin"
-    healthy_id = await running_job(db, owner.owner_id, "replicate", "healthy")
+    healthy_id = await running_job(db, owner.owner_id, "replicate", MODELS["replicate"], "healthy")
 
     settings = make_settings(SIM_URL=stalling, REPLICATE_BASE_URL=healthy, DOWNLOADS_PER_HOST=per_host,
                              DOWNLOAD_STALL_TIMEOUT_S=stall_s)

@@ -22,10 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.domain import jobs
 from app.providers.replicate import ReplicateProvider
 from app.vocabulary import JobError, JobStatus
-from tests.outbox.conftest import assert_money_balances, wait_for_status
+from tests.outbox.conftest import assert_money_balances, running_job, wait_for_status
 from tests.support.loopback import LoopbackServer
 
 TOKEN = "r8_outputs_test_token"
@@ -130,19 +129,6 @@ def scripted_replicate():
     server.stop()
 
 
-async def running_replicate_job(pool, owner_id: str, task_id: str) -> str:
-    """A Replicate job whose submit was answered with `task_id`: saved as
-    the submit step saves it, its first settle due at once."""
-    created = await jobs.create_job(pool, owner_id=owner_id, request_key=None, provider="replicate",
-                                    model="acme/llm", input={}, max_credits=10, give_up_after_s=3600)
-    async with pool.acquire() as conn:
-        assert await jobs.begin_submit(conn, created.job_id)
-        saved = await jobs.save_task(conn, created.job_id, task_id=task_id, operation=None, webhook_secret=None,
-                                     callback_registered=False, first_check_after_s=0)
-    assert saved == jobs.Saved.RUNNING
-    return created.job_id
-
-
 async def test_a_list_of_strings_is_one_json_output(web, make_owner, db, make_settings, start_settler,
                                                     scripted_replicate):
     tokens = ["Hello", " Alice", ", caf\N{LATIN SMALL LETTER E WITH ACUTE}?"]
@@ -150,7 +136,7 @@ async def test_a_list_of_strings_is_one_json_output(web, make_owner, db, make_se
     env = {"REPLICATE_BASE_URL": scripted_replicate.url, "REPLICATE_API_TOKEN": TOKEN}
     server = await web(**env)
     owner = await make_owner(credits=100)
-    job_id = await running_replicate_job(db, owner.owner_id, "p-tokens")
+    job_id = await running_job(db, owner.owner_id, "replicate", "acme/llm", "p-tokens")
     await start_settler(make_settings(**env))
     await wait_for_status(db, job_id, (JobStatus.SUCCEEDED, JobStatus.FAILED))
     async with server.client(owner.api_key) as c:
@@ -172,7 +158,7 @@ async def test_a_listed_file_that_answers_404_is_output_expired(web, make_owner,
     scripted_replicate.answers["p-old"] = prediction("p-old", [url], LONG_AGO)
     env = {"REPLICATE_BASE_URL": scripted_replicate.url, "REPLICATE_API_TOKEN": TOKEN}
     owner = await make_owner(credits=100)
-    job_id = await running_replicate_job(db, owner.owner_id, "p-old")
+    job_id = await running_job(db, owner.owner_id, "replicate", "acme/llm", "p-old")
     await start_settler(make_settings(**env))
     row = await wait_for_status(db, job_id, (JobStatus.SUCCEEDED, JobStatus.FAILED))
     assert (row["status"], row["error_code"]) == (JobStatus.FAILED, JobError.OUTPUT_EXPIRED), row["last_error"]

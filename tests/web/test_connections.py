@@ -15,10 +15,10 @@ import time
 
 import httpx
 import pytest
-import uvicorn
 
 from app.embedded import free_port
 from app.web.server import protocol_with_header_timeout
+from tests.support.loopback import InLoopServer, serve_in_loop
 
 JOB = {"provider": "sim", "model": "image-fast", "input": {}, "max_credits": 10}
 DEADLINE_S = 1.0
@@ -31,25 +31,17 @@ async def served(db, make_settings):
     the header deadline can close an idle connection."""
     from app.web import create_app
 
-    started = []
+    started: list[InLoopServer] = []
 
     async def start(header_timeout_s: float = DEADLINE_S) -> str:
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(
-            create_app(make_settings()), host="127.0.0.1", port=port, log_level="warning", access_log=False,
-            lifespan="on", timeout_keep_alive=120, http=protocol_with_header_timeout(header_timeout_s)))
-        task = asyncio.create_task(server.serve())
-        started.append((server, task))
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-        return f"127.0.0.1:{port}"
+        server = await serve_in_loop(create_app(make_settings()), lifespan="on", timeout_keep_alive=120,
+                                     http=protocol_with_header_timeout(header_timeout_s))
+        started.append(server)
+        return f"127.0.0.1:{server.port}"
 
     yield start
-    for server, task in started:
-        server.should_exit = True
-        await task
+    for server in started:
+        await server.stop()
 
 
 async def closed_after(address: str, *sends: bytes) -> tuple[float, bytes]:
