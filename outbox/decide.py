@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from app.domain import states
@@ -110,7 +111,33 @@ class MarkUncertain:
     reason: str
 
 
-SettleDecision = Done | Wait | Retry | Close | AskProvider | StoreOutputs
+@dataclass(frozen=True)
+class ConfirmClaim:
+    """Settle, uncertain job: a verified webhook named `task_id`; ask the
+    provider, with our own credentials, whether it is this job's task."""
+
+    task_id: str
+
+
+@dataclass(frozen=True)
+class AdoptClaim:
+    """Settle, uncertain job: the provider confirmed the claimed task. Save
+    it (the job runs, its webhook registered) and settle it as usual, now."""
+
+    submitted: Submitted
+
+
+@dataclass(frozen=True)
+class DropClaim:
+    """Settle, uncertain job: the provider denies the claimed task. Forget
+    the claim; nothing else changes (the job stays uncertain, its hold kept)."""
+
+    task_id: str
+    reason: str
+
+
+SettleDecision = Done | Wait | Retry | Close | AskProvider | StoreOutputs | ConfirmClaim
+ClaimDecision = AdoptClaim | DropClaim | Retry
 SubmitDecision = Close | Send | LookUp | Save | Retry | MarkUncertain
 FoundDecision = Save | Retry | MarkUncertain
 
@@ -155,8 +182,11 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
         return Wait(policy.NOT_YET_SUBMITTED_RETRY_S, "not submitted yet")
     expired = give_up(job.status, job.deadline_at, now)
     if job.status == JobStatus.UNCERTAIN:
-        # No task to ask about; only the deadline (or a webhook, or an operator) closes it.
-        return expired or DONE
+        # No task to ask about: the deadline closes it, an operator resolves
+        # it, or a task its own verified webhook named is confirmed.
+        if expired:
+            return expired
+        return ConfirmClaim(job.claimed_task_id) if job.claimed_task_id else DONE
     if expired:
         return expired
     if seen is None:
@@ -175,6 +205,18 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
         return Close(JobStatus.FAILED, JobError.OUTPUT_EXPIRED, OUTPUTS_REMOVED)
     return StoreOutputs(tuple(seen.output_urls), states.charge_for(job.credits_reserved, seen.cost),
                         values=tuple(seen.values))
+
+
+def after_confirm(task_id: str, confirmed: Submitted | ProviderError | None, *, attempts: int) -> ClaimDecision:
+    """`confirmed`: what the provider's confirm_task said of the claimed
+    task. Only a task the provider confirms is adopted; one it does not
+    know (None, or Rejected: no such task) is dropped; a read that did not
+    work is asked again."""
+    if isinstance(confirmed, Submitted):
+        return AdoptClaim(confirmed)
+    if confirmed is None or isinstance(confirmed, Rejected):
+        return DropClaim(task_id, "the provider does not know the task a webhook named")
+    return Retry(attempts, f"confirm: {confirmed}")
 
 
 def after_download_error(index: int, error: DownloadError, attempts: int) -> Close | Retry | Wait:
@@ -215,7 +257,7 @@ def submit(job: JobRecord, result: Submitted | ProviderError | None, *, now: dt.
         if job.was_in_doubt and not facts.idempotent_submit:
             # An earlier call never got an answer (the settler died, or the
             # provider timed out): the task may exist. Look, don't submit.
-            return in_doubt(facts, callback_url)
+            return in_doubt(facts)
         return SEND
     if isinstance(result, Submitted):
         return _save(job, result, now=now, facts=facts, callback_url=callback_url)
@@ -228,17 +270,19 @@ def submit(job: JobRecord, result: Submitted | ProviderError | None, *, now: dt.
         if facts.idempotent_submit:
             # The same key returns the same task: asking again is safe.
             return Retry(attempts, str(result))
-        return in_doubt(facts, callback_url)
+        return in_doubt(facts)
     raise TypeError(f"not a submit result: {type(result).__name__}")
 
 
 UNFINDABLE = "the submit's outcome is unknown and the task could not be looked up"
 
 
-def in_doubt(facts: ProviderFacts, callback_url: str | None) -> LookUp | MarkUncertain:
-    """A submit that may have created its task: look it up by our job id
-    (carried by the callback URL), or, when it cannot be looked up, uncertain."""
-    if facts.can_find and callback_url:
+def in_doubt(facts: ProviderFacts) -> LookUp | MarkUncertain:
+    """A submit that may have created its task: look it up (Replicate: by the
+    model and input we sent, since our first attempt — no callback URL
+    needed), or, when the provider offers no look-up, uncertain (its own
+    webhook may still recover it)."""
+    if facts.can_find:
         return LOOK_UP
     return MarkUncertain(UNFINDABLE)
 
@@ -255,6 +299,17 @@ def after_find(job: JobRecord, found: Submitted | Transient | None, *, now: dt.d
         # Not listed yet may only mean not listed *yet*: look again.
         return Retry(job.submit_attempts, "not found yet", failed=False)
     return MarkUncertain(UNFINDABLE)
+
+
+def adopt(candidates: Sequence[Submitted], taken: Collection[str], rivals: int) -> Submitted | None:
+    """Of the provider's candidates for an in-doubt submit, the task to adopt
+    (pure). Those saved on another job (`taken`) are theirs. One left is
+    ours only if no other job's submit of the same model and input has an
+    unknown outcome (`rivals`: that one could be theirs and ours never made).
+    Several left, or a rival: None, so the job is looked up again and then
+    becomes `uncertain`, keeping its reservation, for an operator."""
+    left = [c for c in candidates if c.task_id not in taken]
+    return left[0] if len(left) == 1 and rivals == 0 else None
 
 
 def _save(job: JobRecord, submitted: Submitted, *, now: dt.datetime, facts: ProviderFacts,

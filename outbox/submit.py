@@ -33,7 +33,8 @@ async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     record = JobRecord.from_row(row)
     provider = ctx.providers[record.provider]
     request = SubmitRequest(job_id=job_id, model=record.model, input=record.input,
-                            callback_url=ctx.settings.callback_url(provider.name, job_id))
+                            callback_url=ctx.settings.callback_url(provider.name, job_id),
+                            first_attempt_at=record.provider_call_started_at)
     facts, callback_url = provider.facts, request.callback_url
 
     decision: decide.SubmitDecision = decide.submit(record, None, now=_now(), attempts=attempts, facts=facts,
@@ -45,11 +46,22 @@ async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     if isinstance(decision, decide.LookUp):
         found: Submitted | Transient | None
         try:
-            found = await provider.find(request)
+            found = await _find(ctx, record, provider, request)
         except Transient as e:
             found = e
         decision = decide.after_find(record, found, now=_now(), facts=facts, callback_url=callback_url)
     return await _carry_out(ctx, record, provider, decision)
+
+
+async def _find(ctx: Context, job: JobRecord, provider, request: SubmitRequest) -> Submitted | None:
+    """The provider's candidates narrowed by what the database knows: the
+    tasks other jobs hold, and other jobs whose own submit is in doubt."""
+    candidates = await provider.find_candidates(request)
+    if not candidates:
+        return None
+    async with ctx.pool.acquire() as conn:
+        taken, rivals = await jobs.other_jobs_tasks(conn, job.id, [c.task_id for c in candidates])
+    return decide.adopt(candidates, taken, rivals)
 
 
 def _now() -> dt.datetime:

@@ -189,7 +189,7 @@ with j as (
     update jobs set status = $2,
         credits_charged = least($3::bigint, credits_reserved),
         credits_refunded = credits_reserved - least($3::bigint, credits_reserved),
-        error_code = $4, error_message = $5, webhook_secret = null,
+        error_code = $4, error_message = $5, webhook_secret = null, claimed_task_id = null,
         finished_at = now(), updated_at = now()
     where id = $1 and status = any($6::text[])
     returning id, owner_id, credits_reserved, credits_charged, credits_refunded,
@@ -300,7 +300,7 @@ SAVE_TASK = f"""
 with running as (
     update jobs set status = '{JobStatus.RUNNING}', provider_task_id = $2, provider_operation = $3,
         webhook_secret = $4, callback_registered = $5, submit_in_doubt = false,
-        last_error = null, updated_at = now()
+        last_error = null, claimed_task_id = null, updated_at = now()
     where id = $1 and status = any($7::text[])
     returning id
 ), closed as (
@@ -335,6 +335,18 @@ returning id, pg_notify('{JOBS_CHANNEL}', id)
 """
 
 NOTE_ERROR = "update jobs set last_error = $2, updated_at = now() where id = $1"
+
+# A verified webhook names a task for a job that has none yet (its submit in
+# doubt): keep the claim for the settle step to confirm. The latest claim wins.
+CLAIM_TASK = f"""
+update jobs set claimed_task_id = $2
+where id = $1 and provider_task_id is null
+  and status in {sql_list((JobStatus.SUBMITTING, JobStatus.UNCERTAIN))}
+"""
+
+# The provider denies knowing the claimed task: forget that claim (only that
+# one: a newer claim that arrived meanwhile stays).
+DROP_CLAIM = "update jobs set claimed_task_id = null where id = $1 and claimed_task_id = $2"
 
 
 class Saved(enum.Enum):
@@ -371,4 +383,37 @@ async def mark_uncertain(conn, job_id: str, reason: str) -> bool:
 
 async def note_error(conn, job_id: str, message: str) -> None:
     await conn.execute(NOTE_ERROR, job_id, message[:1000])
+
+
+async def claim_task(conn, job_id: str, task_id: str) -> None:
+    await conn.execute(CLAIM_TASK, job_id, task_id)
+
+
+async def drop_claim(conn, job_id: str, task_id: str) -> None:
+    await conn.execute(DROP_CLAIM, job_id, task_id)
+
+
+# What only the database knows about the provider's candidates for an
+# in-doubt submit ($2, task ids; outbox/decide.adopt narrows them): which are
+# saved on another job of the provider, and how many other jobs sent the
+# same model and input with their outcome unknown (each may own a candidate).
+# One that closed well before this job's first call made nothing since (a
+# call outlives its job by at most its timeout: the margin).
+OTHER_JOBS_TASKS = """
+select coalesce(array_agg(o.provider_task_id) filter (where o.provider_task_id is not null), '{}') as taken,
+       count(*) filter (where o.provider_task_id is null) as rivals
+from jobs me join jobs o on o.provider = me.provider and o.id <> me.id
+where me.id = $1
+  and (o.provider_task_id = any($2::text[])
+       or (o.provider_task_id is null and o.submit_in_doubt and o.model = me.model and o.input = me.input
+           and (o.finished_at is null
+                or o.finished_at >= me.provider_call_started_at - interval '10 minutes')))
+"""
+
+
+async def other_jobs_tasks(conn, job_id: str, task_ids: Sequence[str]) -> tuple[frozenset[str], int]:
+    """(the task ids among `task_ids` saved on another job, the other jobs
+    whose submit of the same model and input may have made one of them)."""
+    row = await conn.fetchrow(OTHER_JOBS_TASKS, job_id, list(task_ids))
+    return frozenset(row["taken"]), int(row["rivals"])
 

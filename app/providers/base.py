@@ -7,6 +7,8 @@ settler can decide without knowing which provider it is talking to.
 """
 from __future__ import annotations
 
+import datetime as dt
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +107,10 @@ class SubmitRequest:
     # Where the provider should send its webhook; None when PUBLIC_URL is
     # unset (jobs then close through reads and timers).
     callback_url: str | None
+    # When the job's first submit call began (jobs.provider_call_started_at):
+    # a task any of its calls created was created after it. `find` looks no
+    # further back.
+    first_attempt_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -177,10 +183,62 @@ class Provider:
         `facts.can_find`."""
         return None
 
+    async def find_candidates(self, request: SubmitRequest) -> tuple[Submitted, ...]:
+        """Every task that may be the one this job's submit created, for the
+        submit step to narrow down with what only the database knows (tasks
+        already saved on another job). A provider that can name the task
+        exactly answers `find`'s one task."""
+        found = await self.find(request)
+        return () if found is None else (found,)
+
     async def verify(self, webhook: WebhookRequest) -> bool:
         """True only for a webhook signed by this provider for this job.
         Never raises: every malformed input is simply False."""
         raise NotImplementedError
 
+    def webhook_task_id(self, webhook: WebhookRequest) -> str | None:
+        """The task a delivery names, read only after `verify` said yes, and
+        only to recover a job whose submit is in doubt: `confirm_task` must
+        confirm it before it is used. Pure; None when the delivery names none."""
+        return None
+
+    async def confirm_task(self, task_id: str, request: SubmitRequest) -> Submitted | None:
+        """Ask the provider, with our own credentials, whether `task_id` is a
+        task of ours made by `request` (the in-doubt submit of that job): its
+        Submitted when it is, None when the provider does not know it (or,
+        where the provider echoes what a task was made with, it was made for
+        something else). A read that did not work raises Transient."""
+        try:
+            await self.status(Task(task_id=task_id, model=request.model))
+        except Rejected:
+            return None
+        return Submitted(task_id=task_id)
+
     async def aclose(self) -> None:
         return None
+
+
+# What a claimed task id may look like: an id, not a blob (jobs.claimed_task_id).
+MAX_TASK_ID_CHARS = 200
+
+
+def claimed_id(value: object) -> str | None:
+    """`value` when it can be a task id (a short string of printable
+    characters without spaces), else None. Pure."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_TASK_ID_CHARS:
+        return None
+    return value if value.isprintable() and not any(c.isspace() for c in value) else None
+
+
+def webhook_field(raw_body: bytes, *path: str) -> object:
+    """The value at `path` in a JSON object body (`"data", "taskId"`), or
+    None when the body is not JSON or has nothing there. Pure."""
+    try:
+        node: object = json.loads(raw_body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    for key in path:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(key)
+    return node

@@ -1,9 +1,13 @@
 """Replicate (https://replicate.com/docs/reference/http).
 
 No idempotency key exists, so a lost submit answer is recovered with
-`find`: our callback URL carries the job id, and Replicate lists our recent
-predictions with the `webhook` each was created with. Webhooks are signed
-with Standard Webhooks using the account's signing secret.
+`find`: Replicate lists our predictions newest first, from a `created_after`
+time on, each with the model, version and input it was made with (not the
+`webhook`: the documented prediction carries none). A prediction made since
+the job's first submit call, for the model we named and with exactly the
+input we sent, may be the job's; the submit step drops those already saved
+on another job and adopts only a single one left. Webhooks are signed with
+Standard Webhooks using the account's signing secret.
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ from app.providers.base import (
     Transient,
     Uncertain,
     WebhookRequest,
+    claimed_id,
+    webhook_field,
 )
 from app.providers.http import (
     Clients,
@@ -64,6 +70,9 @@ _MODEL_RE = re.compile(rf"({_NAME_PART})/({_NAME_PART})")
 _VERSION_RE = re.compile(r"[A-Za-z0-9]{1,128}")
 # A secret that fails to verify is fetched again at most this often.
 SECRET_REFRESH_S = 60.0
+# Replicate stamps `created_at` by its clock, our first submit time is by
+# the database's: look this much further back than that time.
+FIND_CLOCK_SKEW_S = 60.0
 
 
 def route_for_model(model: str) -> tuple[str, dict[str, Any]]:
@@ -84,6 +93,41 @@ def route_for_model(model: str) -> tuple[str, dict[str, Any]]:
     elif _VERSION_RE.fullmatch(model):
         return "/v1/predictions", {"version": model}
     raise Rejected(f"{NAME}: model must be owner/name, owner/name:version or a version id")
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON values (pure): objects whatever their key order, arrays
+    in order, numbers by value (1 and 1.0 are one JSON number), and a
+    boolean is no number (Python's `True == 1` is not JSON's)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b  # strings and null
+
+
+def made_by(prediction: Any, model: str, sent_input: Any) -> bool:
+    """Whether a listed prediction can be the one a submit of `model` with
+    `sent_input` created (pure). A version submit is matched on the version
+    id (the answer's `model` may be another name for it); a model submit on
+    the model. The input must be exactly the one sent: after an hour the API
+    removes it, and an older prediction matches nothing."""
+    if not isinstance(prediction, dict) or not isinstance(prediction.get("id"), str) or not prediction["id"]:
+        return False
+    try:
+        _, names = route_for_model(model)
+    except Rejected:
+        return False
+    if "version" in names:
+        if prediction.get("version") != names["version"]:
+            return False
+    elif prediction.get("model") != model:
+        return False
+    return same_json(prediction.get("input"), sent_input)
 
 
 def _is_url(value: Any) -> bool:
@@ -139,16 +183,6 @@ def observation_from_prediction(body: dict, secrets: Secrets) -> Observation:
     if state is TaskState.CANCELLED:
         return ended(state, secrets, body.get("error"))
     return Observation(state=state)
-
-
-def _parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 class ReplicateProvider(Provider):
@@ -231,38 +265,43 @@ class ReplicateProvider(Provider):
             return None  # no such prediction: nothing to cancel
 
     async def find(self, request: SubmitRequest) -> Submitted | None:
-        """The prediction created with our callback URL, from the newest
-        pages of the prediction list; None without a callback URL."""
-        if not request.callback_url:
-            return None
-        url: str | None = f"{self.base_url}/v1/predictions"
-        oldest_wanted = datetime.now(UTC) - self._find_max_age
+        """The one prediction that can be this submit's, or None (none, or
+        several: which one is ours cannot be told). Without the database's
+        knowledge of the tasks other jobs hold; the submit step asks
+        `find_candidates`."""
+        candidates = await self.find_candidates(request)
+        return candidates[0] if len(candidates) == 1 else None
+
+    async def find_candidates(self, request: SubmitRequest) -> tuple[Submitted, ...]:
+        """The predictions made since the job's first submit call (less the
+        clock-skew margin; without that time, within `find_max_age_s`) for
+        the model and with the exact input the submit sent, newest first.
+        None seen if the window holds more than `find_max_pages` pages: a
+        match on a page not read could make any other ambiguous."""
+        since = request.first_attempt_at or datetime.now(UTC) - self._find_max_age
+        since -= timedelta(seconds=FIND_CLOCK_SKEW_S)
+        sent_input = json.loads(json.dumps(dict(request.input)))  # as it went on the wire
+        url = f"{self.base_url}/v1/predictions"
+        params: dict[str, str] | None = {"created_after": since.astimezone(UTC).isoformat()}
+        found: list[Submitted] = []
         for _ in range(self._find_max_pages):
-            if url is None:
-                break
             response = await read_call(
-                self._http.reads, NAME, "GET", url,
+                self._http.reads, NAME, "GET", url, params=params,
                 headers=self._headers(), secrets=self._secrets, not_found=None,
             )
             page = json_object(response, NAME, Transient)
             results = page.get("results")
             if not isinstance(results, list):
                 raise Transient(f"{NAME}: prediction list has no results")
-            reached_old = False
-            for item in results:
-                if not isinstance(item, dict):
-                    continue
-                if item.get("webhook") == request.callback_url and isinstance(item.get("id"), str):
-                    return Submitted(task_id=item["id"])
-                created = _parse_time(item.get("created_at"))
-                if created is not None and created < oldest_wanted:
-                    reached_old = True
-            if reached_old:
-                break
+            found += [Submitted(task_id=item["id"]) for item in results if made_by(item, request.model, sent_input)]
             next_url = page.get("next")
+            if not next_url:
+                return tuple(dict.fromkeys(found))  # a prediction listed twice (pages shifted) counts once
             # Follow only links on the API's own origin: the token goes with them.
-            url = next_url if same_origin(next_url, self.base_url) else None
-        return None
+            if not same_origin(next_url, self.base_url):
+                return ()
+            url, params = next_url, None  # `next` carries the filters
+        return ()
 
     async def _fetch_secret(self) -> str | None:
         response = await read_call(
@@ -294,6 +333,25 @@ class ReplicateProvider(Provider):
             return verify_standard_webhooks(webhook.headers, webhook.raw_body, fresh, time.time())
         except Exception:
             return False
+
+    def webhook_task_id(self, webhook: WebhookRequest) -> str | None:
+        # A webhook's body is the prediction (signed whole): its `id`.
+        return claimed_id(webhook_field(webhook.raw_body, "id"))
+
+    async def confirm_task(self, task_id: str, request: SubmitRequest) -> Submitted | None:
+        """The prediction read with our token (404: not ours, or no such
+        one); it must be of the job's model (`owner/name`, when the job
+        names one and the prediction echoes it)."""
+        try:
+            response = await read_call(self._http.reads, NAME, "GET", self._prediction_url(task_id),
+                                       headers=self._headers(), secrets=self._secrets)
+        except Rejected:
+            return None
+        echoed = json_object(response, NAME, Transient).get("model")
+        wanted = request.model.partition(":")[0]
+        if isinstance(echoed, str) and "/" in wanted and echoed != wanted:
+            return None
+        return Submitted(task_id=task_id)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -3,7 +3,9 @@
 Predictions go starting -> processing -> succeeded | failed | canceled.
 Create has no idempotency key (an Idempotency-Key header is ignored, as
 Replicate ignores it). Webhooks are Standard Webhooks signed with the one
-account secret served at /v1/webhooks/default/secret.
+account secret served at /v1/webhooks/default/secret. A prediction carries
+the fields of the OpenAPI document's prediction response, and no others: not
+the `webhook` it was created with, which the document does not return.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import os
 import time
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -84,6 +87,9 @@ def prediction_view(task: Task, now: float) -> dict[str, Any]:
     # output's lifetime here): `output` becomes null, `data_removed` true.
     removed = phase is Phase.SUCCEEDED and now >= task.outputs_expire_at
     base = f"{task.base_url}{PREFIX}/v1/predictions/{task.id}"
+    # `web`, `get` and `cancel` are required; `web` is the prediction's page
+    # on the website (replicate.com/p/<id>), here on the simulator's host
+    # (not served: nothing reads it).
     return {
         "id": task.id,
         "model": task.model,
@@ -98,10 +104,8 @@ def prediction_view(task: Task, now: float) -> dict[str, Any]:
         "created_at": _iso(task.created_at),
         "started_at": _iso(started),
         "completed_at": _iso(completed),
-        "urls": {"get": base, "cancel": f"{base}/cancel"},
+        "urls": {"web": f"{task.base_url}{PREFIX}/p/{task.id}", "get": base, "cancel": f"{base}/cancel"},
         "metrics": metrics,
-        "webhook": task.callback_url,
-        "webhook_events_filter": list(task.extra["webhook_events_filter"]),
     }
 
 
@@ -166,7 +170,7 @@ async def _create(request: Request, model: str | None) -> Response:
         base_url=server_base(request),
         callback_url=webhook,
         webhook_events=tuple(e for e in ("start", "completed") if e in events),
-        extra={"version": version, "webhook_events_filter": tuple(dict.fromkeys(events))},
+        extra={"version": version},
     )
     if sim.fault("submit_timeout_after_create"):
         return HoldThenDrop(sim.hold_s)
@@ -221,26 +225,54 @@ def _decode_cursor(cursor: str) -> int | None:
     return int(number)
 
 
+def _parse_time(value: str | None) -> datetime | None:
+    """A `created_after`/`created_before` date-time (one without an offset
+    is UTC); ValueError when it is not one."""
+    if value is None:
+        return None
+    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _created(task: Task) -> datetime:
+    # As `created_at` shows it (whole microseconds): a prediction's own
+    # `created_at` given as `created_after` lists it.
+    return datetime.fromtimestamp(task.created_at, UTC)
+
+
 async def list_predictions(request: Request) -> Response:
-    """Newest first, `page_size` per page, `next` is the URL of the next page."""
+    """Newest first, `page_size` per page, `next` is the URL of the next page
+    (with the same filters). `created_after` is inclusive, `created_before`
+    exclusive, as the OpenAPI document says."""
     sim: Simulator = request.app.state.sim
     if auth_token(request, "Bearer", "Token") is None:
         return _unauthenticated()
-    predictions = sim.store.by_protocol.get(PROTOCOL, [])
+    query = request.query_params
+    try:
+        after, before = _parse_time(query.get("created_after")), _parse_time(query.get("created_before"))
+    except ValueError:
+        # Not documented: what the API answers to a malformed date-time.
+        return _problem(400, "Bad request", "created_after and created_before must be ISO 8601 date-times")
+    predictions = [
+        task for task in sim.store.by_protocol.get(PROTOCOL, [])
+        if (after is None or _created(task) >= after) and (before is None or _created(task) < before)
+    ]
     end = len(predictions)
-    cursor = request.query_params.get("cursor")
+    cursor = query.get("cursor")
     if cursor is not None:
-        before = _decode_cursor(cursor)
-        if before is None:
+        before_seq = _decode_cursor(cursor)
+        if before_seq is None:
             return _problem(400, "Bad request", "invalid cursor")
         # by_protocol lists are in creation order, so seq is ascending
-        end = bisect.bisect_left(predictions, before, key=lambda t: t.seq)
+        end = bisect.bisect_left(predictions, before_seq, key=lambda t: t.seq)
     start = max(0, end - sim.replicate_page_size)
     page = predictions[start:end][::-1]
     now = time.time()
     next_url = None
     if start > 0 and page:
-        next_url = f"{server_base(request)}{PREFIX}/v1/predictions?cursor={_encode_cursor(page[-1].seq)}"
+        filters = {k: query[k] for k in ("created_after", "created_before") if k in query}
+        next_query = urlencode({**filters, "cursor": _encode_cursor(page[-1].seq)})
+        next_url = f"{server_base(request)}{PREFIX}/v1/predictions?{next_query}"
     return JSONResponse({
         "previous": None,
         "next": next_url,

@@ -28,7 +28,19 @@ from app.providers.base import (
 )
 from app.vocabulary import ALL_STATUSES, JobError, JobStatus
 from outbox import decide
-from outbox.decide import LOOK_UP, SEND, AskProvider, Close, MarkUncertain, Save, StoreOutputs, Wait
+from outbox.decide import (
+    LOOK_UP,
+    SEND,
+    AdoptClaim,
+    AskProvider,
+    Close,
+    ConfirmClaim,
+    DropClaim,
+    MarkUncertain,
+    Save,
+    StoreOutputs,
+    Wait,
+)
 from outbox.decide import Retry as R
 from outbox.outcome import DONE, Later
 
@@ -260,6 +272,48 @@ def test_settle(status, seen, deadline, expected):
 
 def test_settle_of_a_job_that_is_gone():
     assert decide.settle(None, None, now=NOW, attempts=ATTEMPTS, facts=FACTS) == DONE
+
+
+# A task id claimed by a verified webhook: only an uncertain job confirms it
+# (a job with a task, or not yet submitted, settles as the table above says;
+# the deadline still comes first).
+CLAIM_TABLE = [
+    # status,     claimed,  deadline, expected
+    (S.UNCERTAIN,  "task-9", "ahead",  ConfirmClaim("task-9")),
+    (S.UNCERTAIN,  "task-9", "passed", EXPIRE_UNCERTAIN),
+    (S.UNCERTAIN,  None,     "ahead",  DONE),
+    (S.UNCERTAIN,  None,     "passed", EXPIRE_UNCERTAIN),
+    (S.SUBMITTING, "task-9", "ahead",  NOT_SUBMITTED),
+    (S.RUNNING,    "task-9", "ahead",  AskProvider()),
+    (S.SUCCEEDED,  "task-9", "ahead",  DONE),
+    (S.EXPIRED,    "task-9", "passed", DONE),
+]
+
+
+@pytest.mark.parametrize("status,claimed,deadline,expected", CLAIM_TABLE,
+                         ids=[f"{s}-{c}-{d}" for s, c, d, _ in CLAIM_TABLE])
+def test_settle_with_a_claimed_task(status, claimed, deadline, expected):
+    record = job(status, deadline, claimed_task_id=claimed,
+                 provider_task_id=None if status in (S.UNCERTAIN, S.SUBMITTING) else "task-1")
+    assert decide.settle(record, None, now=NOW, attempts=ATTEMPTS, facts=FACTS) == expected
+
+
+CONFIRMED = Submitted("task-9", operation={"model": "m"})
+DENIED = DropClaim("task-9", "the provider does not know the task a webhook named")
+AFTER_CONFIRM_TABLE = [
+    # what confirm_task said,            expected
+    ("confirmed", CONFIRMED,              AdoptClaim(CONFIRMED)),
+    ("unknown", None,                     DENIED),
+    ("rejected", Rejected("no such task"), DENIED),
+    ("transient", Transient("503 from status", retry_after=9.0), R(3, "confirm: 503 from status")),
+    ("uncertain", Uncertain("read timeout"), R(3, "confirm: read timeout")),
+]
+
+
+@pytest.mark.parametrize("said,expected", [(r, e) for _, r, e in AFTER_CONFIRM_TABLE],
+                         ids=[name for name, _, _ in AFTER_CONFIRM_TABLE])
+def test_after_confirm(said, expected):
+    assert decide.after_confirm("task-9", said, attempts=ATTEMPTS) == expected
 
 
 # The wait while a task runs: the poll schedule by the task's age, the
@@ -564,18 +618,15 @@ def test_a_zero_retry_after_is_no_hint():
 # Whether an in-doubt submit can be looked up at all: by our job id, which
 # the callback URL carries.
 IN_DOUBT_TABLE = [
-    (True, CALLBACK, LOOK_UP),
-    (True, None, UNFINDABLE),
-    (False, CALLBACK, UNFINDABLE),
-    (False, None, UNFINDABLE),
+    (True, LOOK_UP),  # a look-up needs no callback URL (Replicate: model, input, time)
+    (False, UNFINDABLE),
 ]
 
 
-@pytest.mark.parametrize("can_find,callback_url,expected", IN_DOUBT_TABLE,
-                         ids=[f"{'can' if f else 'cannot'} find-{'callback' if u else 'no callback url'}"
-                              for f, u, _ in IN_DOUBT_TABLE])
-def test_in_doubt(can_find, callback_url, expected):
-    assert decide.in_doubt(facts(can_find=can_find), callback_url) == expected
+@pytest.mark.parametrize("can_find,expected", IN_DOUBT_TABLE,
+                         ids=[f"{'can' if f else 'cannot'} find" for f, _ in IN_DOUBT_TABLE])
+def test_in_doubt(can_find, expected):
+    assert decide.in_doubt(facts(can_find=can_find)) == expected
 
 
 FIND_RESULTS = {"found": SUBMITTED, "not found": None, "find transient": Transient("503 listing tasks")}
@@ -649,6 +700,11 @@ def test_a_record_from_a_row():
     assert record.seconds_to_deadline(NOW) == 7200 and record.age_s(NOW + dt.timedelta(seconds=5)) == 5
     assert JobRecord.from_row({**ROW, "was_in_doubt": True}).was_in_doubt is True  # begin_submit's row
     assert "sealed" not in repr(record)
+
+
+def test_a_record_carries_its_claimed_task():
+    assert JobRecord.from_row(ROW).claimed_task_id is None  # a row from before the column
+    assert JobRecord.from_row({**ROW, "claimed_task_id": "task-9"}).claimed_task_id == "task-9"
 
 
 def test_a_record_has_no_task_before_its_id_is_saved():

@@ -29,6 +29,7 @@ from app.providers.fal import FalProvider
 from app.providers.kie import KieProvider
 from app.providers.replicate import ReplicateProvider
 from app.providers.sim import SimProvider
+from app.signing.tokens import make_capability_token
 from tests.support.simulator import RunningSimulator, clear_faults, set_faults, stats
 
 SUBMIT_TIMEOUT_S = 1.5
@@ -81,8 +82,12 @@ def new_job_id() -> str:
 
 def submit_request(case: Case, callback_base: str | None = None, **controls) -> SubmitRequest:
     job_id = new_job_id()
-    callback = f"{callback_base}/webhooks/{case.name}/{job_id}" if callback_base else None
-    return SubmitRequest(job_id=job_id, model=case.model, input={"prompt": "a cat", **controls},
+    # As Settings.callback_url makes it: the job's URL with our capability token.
+    token = make_capability_token(case.name, job_id, SERVER_KEYS[0])
+    callback = f"{callback_base}/webhooks/{case.name}/{job_id}?token={token}" if callback_base else None
+    # The job id in the prompt: Replicate's `find` matches on the input, so
+    # each test's prediction must be told from the others'.
+    return SubmitRequest(job_id=job_id, model=case.model, input={"prompt": f"a cat for {job_id}", **controls},
                          callback_url=callback)
 
 
@@ -222,11 +227,12 @@ async def test_resubmit_or_find_recovers_the_same_task(case, receiver):
     elif case.name == "replicate":
         found = await adapter.find(request)
         assert found is not None and found.task_id == first.task_id
+        # Found by model and input, not by the callback URL (the listed predictions carry none).
         no_callback = SubmitRequest(request.job_id, request.model, request.input, None)
-        assert await adapter.find(no_callback) is None
-        elsewhere = SubmitRequest(new_job_id(), request.model, request.input,
-                                  f"{receiver.url}/webhooks/replicate/{new_job_id()}")
-        assert await adapter.find(elsewhere) is None
+        assert (await adapter.find(no_callback)) == first
+        other_input = SubmitRequest(new_job_id(), request.model, {**request.input, "prompt": "a dog"},
+                                    f"{receiver.url}/webhooks/replicate/{new_job_id()}")
+        assert await adapter.find(other_input) is None
     else:
         assert not adapter.facts.can_find
         assert await adapter.find(request) is None
@@ -256,7 +262,7 @@ async def test_submit_timeout_after_create_is_uncertain_and_the_task_exists(case
     assert time.monotonic() - started < SUBMIT_TIMEOUT_S + 2
     clear_faults(sim_url)
     counts = stats(sim_url)["creates_by_callback_url"]
-    assert sum(n for url, n in counts.items() if url.startswith(request.callback_url)) == 1
+    assert counts[request.callback_url.partition("?")[0]] == 1  # keyed without the query string
     if case.name == "sim":
         # Idempotent: submitting again returns the task the lost answer named.
         again = await adapter.submit(request, request.job_id)

@@ -1,0 +1,179 @@
+"""Replicate's own Python client (replicate 1.x) against the simulator's
+/replicate protocol: every answer the simulator gives must parse in the
+client's own types (pydantic models: required fields, `status` literals,
+`urls` as strings only). The client is only a reference here; longcall
+never submits with it.
+
+`Client(base_url=...)` takes the base without `/v1`: the client adds it.
+The simulator serves plain http on loopback, so the client leaves its
+output URLs as strings (it wraps only https: and data: URLs in FileOutput).
+
+`run` is driven with an `owner/name` ref only: with `owner/name:version`
+it also reads `GET /v1/models/{owner}/{name}/versions/{id}`, which the
+simulator does not serve."""
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+import replicate
+from replicate.pagination import Page
+from replicate.prediction import Prediction
+
+from app.providers.base import SubmitRequest, Task, TaskState, Uncertain
+from app.providers.replicate import ReplicateProvider
+from app.simulator import output_sha256
+from tests.simulator.helpers import ServedApp
+from tests.support.simulator import clear_faults, set_faults, stats
+
+TOKEN = "r8_reference_token"
+VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"
+PAGE_SIZE = 3
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[str]:
+    # A small page, so the list's pages are walked with a few predictions;
+    # a short hold, so a lost create answer is dropped soon.
+    from app.simulator import create_app
+
+    served = ServedApp(create_app(replicate_page_size=PAGE_SIZE, hold_s=2.0)).start()
+    yield served.url
+    served.stop()
+
+
+@pytest.fixture
+def client(simulator: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[replicate.Client]:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
+                 "REPLICATE_API_TOKEN", "REPLICATE_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("REPLICATE_POLL_INTERVAL", "0.05")  # read by Client() for wait() and run()
+    clear_faults(simulator)
+    yield replicate.Client(api_token=TOKEN, base_url=f"{simulator}/replicate")
+    clear_faults(simulator)
+
+
+def wait(client: replicate.Client, prediction: Prediction) -> Prediction:
+    prediction.wait()  # polls GET /v1/predictions/{id}, each answer parsed as a Prediction
+    return prediction
+
+
+def test_create_by_version_get_and_wait(client, simulator):
+    prediction = client.predictions.create(version=VERSION, input={"duration_s": 0.2, "output_bytes": 512})
+    assert isinstance(prediction, Prediction)
+    assert prediction.status == "starting" and prediction.version == VERSION
+    assert prediction.input == {"duration_s": 0.2, "output_bytes": 512}
+    assert set(prediction.urls) == {"web", "get", "cancel"}
+    again = client.predictions.get(prediction.id)
+    assert again.id == prediction.id and again.status in ("starting", "processing", "succeeded")
+    done = wait(client, prediction)
+    assert done.status == "succeeded" and done.completed_at and done.started_at
+    assert done.metrics and done.metrics["predict_time"] >= 0
+    (url,) = done.output
+    assert isinstance(url, str) and url.startswith(simulator)
+    body = httpx.get(url, trust_env=False).content
+    assert hashlib.sha256(body).hexdigest() == output_sha256(done.id, 0, 512)
+
+
+def test_create_by_model_and_output_text(client):
+    prediction = client.models.predictions.create(model="acme/writer",
+                                                  input={"duration_s": 0.1, "output_text": "hello Alice"})
+    assert prediction.model == "acme/writer" and len(prediction.version) == 64
+    assert wait(client, prediction).output == "hello Alice"
+
+
+def test_a_failed_prediction_has_its_error(client):
+    prediction = client.predictions.create(version=VERSION, input={"duration_s": 0.1, "outcome": "failed"})
+    done = wait(client, prediction)
+    assert done.status == "failed" and isinstance(done.error, str) and done.error
+
+
+def test_cancel(client):
+    prediction = client.predictions.create(version=VERSION, input={"duration_s": 30})
+    client.predictions.cancel(prediction.id)
+    canceled = client.predictions.get(prediction.id)
+    assert canceled.status == "canceled" and canceled.completed_at
+    prediction.reload()
+    assert prediction.status == "canceled"
+    # Prediction.cancel() parses the answer into the prediction itself
+    other = client.predictions.create(version=VERSION, input={"duration_s": 30})
+    other.cancel()
+    assert other.status == "canceled"
+
+
+def test_list_walks_every_page_newest_first(client):
+    tag = secrets.token_hex(4)
+    made = [client.predictions.create(version=VERSION, input={"duration_s": 30, "tag": tag}).id for _ in range(7)]
+    page = client.predictions.list()
+    assert isinstance(page, Page) and page.previous is None and len(page.results) == PAGE_SIZE
+    listed: list[str] = []
+    while True:
+        assert all(isinstance(p, Prediction) for p in page.results)
+        listed += [p.id for p in page.results if p.input.get("tag") == tag]
+        if page.next is None:
+            break
+        page = client.predictions.list(page.next)
+    assert listed == made[::-1]
+    for prediction_id in made:
+        client.predictions.cancel(prediction_id)
+
+
+def test_run_polls_until_done(client, simulator):
+    output = client.run("acme/painter", input={"duration_s": 0.3, "outputs": 2, "output_bytes": 256})
+    assert isinstance(output, list) and len(output) == 2
+    assert all(isinstance(url, str) and url.startswith(simulator) for url in output)
+    assert client.run("acme/writer", input={"duration_s": 0.1, "output_text": "a poem"}) == "a poem"
+    with pytest.raises(replicate.exceptions.ModelError):
+        client.run("acme/painter", input={"duration_s": 0.1, "outcome": "failed"})
+
+
+def test_errors_are_replicate_errors(client, simulator):
+    with pytest.raises(replicate.exceptions.ReplicateError) as caught:
+        client.predictions.get("nosuchprediction")
+    assert caught.value.status == 404
+    stranger = replicate.Client(api_token="", base_url=f"{simulator}/replicate")
+    with pytest.raises(replicate.exceptions.ReplicateError) as caught:
+        stranger.predictions.list()
+    assert caught.value.status == 401
+
+
+# ------------------------------------------------------------------ a lost create answer, found again
+
+
+async def test_an_in_doubt_submit_is_found_by_model_and_input(client, simulator):
+    """The create is made and its answer lost; our adapter lists the
+    predictions made since the first call for the same model and input, and
+    finds exactly the one: it runs and succeeds, and it is the only one."""
+    # Pages of 3 here (Replicate's are 100): enough of them to reach the end.
+    adapter = ReplicateProvider(f"{simulator}/replicate", TOKEN, timeout_s=1.0, find_max_pages=100)
+    try:
+        job_id = "job_" + secrets.token_hex(12)
+        same = {"duration_s": 0.3, "prompt": f"for {job_id}"}
+        # someone else's prediction, a moment before: another model, and the same model with other input
+        client.models.predictions.create(model="acme/other", input=same)
+        client.models.predictions.create(model="acme/painter", input={**same, "prompt": "not ours"})
+        request = SubmitRequest(job_id=job_id, model="acme/painter", input=same, callback_url=None,
+                                first_attempt_at=datetime.now(UTC))
+        before = stats(simulator)["tasks_created"]
+        set_faults(simulator, submit_timeout_after_create=1)
+        with pytest.raises(Uncertain):
+            await adapter.submit(request, job_id)
+        clear_faults(simulator)
+        assert stats(simulator)["tasks_created"] == before + 1
+        (found,) = await adapter.find_candidates(request)
+        made = client.predictions.get(found.task_id)
+        assert made.model == "acme/painter" and made.input == same
+        task = Task(task_id=found.task_id, model=request.model)
+        deadline = time.monotonic() + 10
+        while (observation := await adapter.status(task)).state is TaskState.RUNNING:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert observation.state is TaskState.SUCCEEDED and len(observation.output_urls) == 1
+        assert stats(simulator)["tasks_created"] == before + 1  # looking it up made nothing
+    finally:
+        await adapter.aclose()
