@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from app.origins import is_loopback_host, origin_of
+from app.signing.tokens import make_capability_token
 from app.storage import StorageUrlError, parse_storage_url
 from app.vocabulary import ProviderName
 
@@ -20,6 +21,8 @@ FAL_QUEUE_URL = "https://queue.fal.run"
 FAL_JWKS_URL = "https://rest.alpha.fal.ai/.well-known/jwks.json"
 KIE_URL = "https://api.kie.ai"
 PROVIDERS = tuple(ProviderName)  # every provider longcall has an adapter for
+# The query parameter of a callback URL that carries our capability token.
+CALLBACK_TOKEN = "token"
 
 
 class ConfigError(Exception):
@@ -139,9 +142,14 @@ class Settings:
         return frozenset({origin_of(url)})
 
     def callback_url(self, provider: str, job_id: str) -> str | None:
+        """The URL a provider calls back for this job: it names the job and
+        carries our capability token for (provider, job), so a delivery must
+        pass our check as well as the provider's own signature (and KIE's,
+        which signs no body, rests on it). None without PUBLIC_URL."""
         if not self.public_url:
             return None
-        return f"{self.public_url}/webhooks/{provider}/{job_id}"
+        token = make_capability_token(provider, job_id, self.secret_key)
+        return f"{self.public_url}/webhooks/{provider}/{job_id}?{urlencode({CALLBACK_TOKEN: token})}"
 
 
 def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,

@@ -28,7 +28,7 @@ from app.domain import jobs
 from app.domain.record import JobRecord
 from app.download import Downloaded, DownloadError, OutputTooLarge, download_to_file
 from app.metrics import DOWNLOAD_BYTES, SETTLE_SECONDS
-from app.providers.base import Observation, OutputValue, ProviderError
+from app.providers.base import Observation, OutputValue, ProviderError, SubmitRequest, Submitted
 from app.storage import object_key
 from app.vocabulary import CallOutcome, JobStatus, ProviderCall
 from outbox import decide
@@ -50,6 +50,8 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     provider = ctx.providers[record.provider]
     now = dt.datetime.now(dt.UTC)
     decision = decide.settle(record, None, now=now, attempts=attempts, facts=provider.facts)
+    if isinstance(decision, decide.ConfirmClaim):
+        return await _confirm_claim(ctx, record, provider, decision.task_id, attempts)
     if not isinstance(decision, decide.AskProvider):
         return await _carry_out(ctx, record, provider, decision, attempts)
 
@@ -66,6 +68,42 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     if isinstance(decision, (decide.Close, decide.StoreOutputs)):
         SETTLE_SECONDS.labels(provider.name, type(outcome).__name__.lower()).observe(time.monotonic() - started)
     return outcome
+
+
+async def _confirm_claim(ctx: Context, job: JobRecord, provider, task_id: str, attempts: int) -> Outcome:
+    """An uncertain job whose own verified webhook named `task_id`: adopt
+    the task only once the provider, asked with our credentials, confirms it
+    is this job's. The save asks for a settle at once (the intent stays due),
+    so the job then settles like any running job."""
+    request = SubmitRequest(job_id=job.id, model=job.model, input=job.input,
+                            callback_url=ctx.settings.callback_url(provider.name, job.id))
+    confirmed: Submitted | ProviderError | None
+    try:
+        confirmed = await provider.confirm_task(task_id, request)
+    except ProviderError as e:
+        ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.ERROR)
+        confirmed = e
+    else:
+        ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.OK)
+    decision = decide.after_confirm(task_id, confirmed, attempts=attempts)
+    if isinstance(decision, decide.Retry):
+        return decide.later(decision)
+    if isinstance(decision, decide.DropClaim):
+        async with ctx.pool.acquire() as conn:
+            await jobs.drop_claim(conn, job.id, decision.task_id)
+        log.warning("claimed task not confirmed", extra={"job_id": job.id, "provider": provider.name})
+        return DONE
+    submitted = decision.submitted
+    secret = ctx.secretbox.encrypt(submitted.webhook_secret, job.id) if submitted.webhook_secret else None
+    async with ctx.pool.acquire() as conn:
+        saved = await jobs.save_task(
+            conn, job.id, task_id=submitted.task_id,
+            operation=dict(submitted.operation) if submitted.operation else None,
+            webhook_secret=secret, callback_registered=True, first_check_after_s=0.0,
+            from_statuses=(JobStatus.UNCERTAIN,))
+    log.info("uncertain job recovered by its webhook",
+             extra={"job_id": job.id, "provider": provider.name, "saved": saved.name.lower()})
+    return DONE
 
 
 async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.SettleDecision,

@@ -333,7 +333,9 @@ def http_request(method: str, path: str, headers: dict[str, str], body: bytes = 
 
 
 def webhook_requests(job_ids: list[str]) -> list[bytes]:
-    """Valid t/v1 webhooks, one per job, as the simulator signs them."""
+    """Valid t/v1 webhooks, one per job, as the simulator signs them, each
+    to the job's callback URL with our capability token."""
+    from app.signing.tokens import make_capability_token
     from app.signing.webhooks import sign_tv1
 
     t = int(time.time())
@@ -341,6 +343,7 @@ def webhook_requests(job_ids: list[str]) -> list[bytes]:
     for job_id in job_ids:
         body = json.dumps({"id": "sim_" + job_id[4:], "status": "succeeded", "outputs": [], "cost": 1,
                            "error": None}).encode()
-        out.append(http_request("POST", f"/webhooks/sim/{job_id}", {
+        token = make_capability_token("sim", job_id, SECRET_KEY.encode())
+        out.append(http_request("POST", f"/webhooks/sim/{job_id}?token={token}", {
             "content-type": "application/json", "x-signature": sign_tv1(WEBHOOK_SECRET, body, t)}, body))
     return out

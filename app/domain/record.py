@@ -31,6 +31,9 @@ class JobRecord:
     # submit call never got a definite answer, so the task may exist.
     was_in_doubt: bool = False
     provider_call_started_at: dt.datetime | None = None
+    # A task id a verified webhook named while the submit was in doubt, not
+    # yet confirmed with the provider (jobs.claimed_task_id).
+    claimed_task_id: str | None = None
     # Encrypted at rest; kept out of repr so a logged record shows no secret.
     webhook_secret: bytes | None = field(default=None, repr=False)
 
@@ -48,6 +51,7 @@ class JobRecord:
             submit_attempts=row["submit_attempts"],
             was_in_doubt=bool(row.get("was_in_doubt", False)),
             provider_call_started_at=row["provider_call_started_at"],
+            claimed_task_id=row.get("claimed_task_id"),
             webhook_secret=row["webhook_secret"])
 
     @property

@@ -271,5 +271,25 @@ class FalProvider(Provider):
         except Exception:
             return False
 
+    def webhook_task_id(self, webhook: WebhookRequest) -> str | None:
+        # The request id fal signs (x-fal-webhook-request-id is part of the
+        # signed content; the body's `request_id` is not what we rely on).
+        request_id = webhook.headers.get("x-fal-webhook-request-id")
+        return request_id if isinstance(request_id, str) and _REQUEST_ID_RE.fullmatch(request_id) else None
+
+    async def confirm_task(self, task_id: str, request: SubmitRequest) -> Submitted | None:
+        """The request's status under the job's own endpoint, with our key:
+        fal answers 404 for a request it does not know there (another app's,
+        another account's). Saved as submit would have saved it."""
+        if not _REQUEST_ID_RE.fullmatch(task_id):
+            return None
+        try:
+            urls = documented_urls(self.base_url, request.model, task_id)
+            await read_call(self._http.reads, NAME, "GET", urls["status_url"],
+                            headers=self._headers(), secrets=self._secrets)
+        except Rejected:
+            return None
+        return Submitted(task_id=task_id, operation={"model": request.model, **urls})
+
     async def aclose(self) -> None:
         await self._http.aclose()

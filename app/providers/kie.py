@@ -7,14 +7,14 @@ current Get Task Details page (`msg` in an older rendering): both are read.
 Its optional webhook signature (https://docs.kie.ai/common-api/webhook-verification)
 covers only `taskId.timestamp`, not the body, so we do not rely on it: the
 callback URL we hand KIE carries our own capability token, and `verify`
-checks that token. There is no cancel endpoint.
+checks that token (every callback URL carries one: Settings.callback_url).
+There is no cancel endpoint.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlencode
 
 import httpx
 
@@ -30,6 +30,8 @@ from app.providers.base import (
     Transient,
     Uncertain,
     WebhookRequest,
+    claimed_id,
+    webhook_field,
 )
 from app.providers.http import (
     Clients,
@@ -40,7 +42,7 @@ from app.providers.http import (
     read_call,
     submit_call,
 )
-from app.signing.tokens import check_capability_token, make_capability_token
+from app.signing.tokens import check_capability_token
 from app.vocabulary import ProviderName
 
 NAME = ProviderName.KIE
@@ -151,9 +153,23 @@ def record_outcome(body: Mapping[str, Any], secrets: Secrets) -> Observation:
     return observation_from_record(data, secrets)
 
 
-def with_token(callback_url: str, token: str) -> str:
-    separator = "&" if "?" in callback_url else "?"
-    return f"{callback_url}{separator}{urlencode({'token': token})}"
+def made_for(record: Mapping[str, Any], request: SubmitRequest) -> bool:
+    """Whether a recordInfo `data` object is the task `request` made (pure):
+    `param` echoes the create request, so its callBackUrl (our job's URL,
+    compared without its query string, the token) or, echoing none, its
+    model must be the job's."""
+    try:
+        param = json.loads(record.get("param") or "")
+    except (TypeError, ValueError):
+        param = None
+    echoed = param.get("callBackUrl") if isinstance(param, Mapping) else None
+    if isinstance(echoed, str) and request.callback_url:
+        return without_query(echoed) == without_query(request.callback_url)
+    return record.get("model") == request.model
+
+
+def without_query(url: str) -> str:
+    return url.partition("?")[0]
 
 
 class KieProvider(Provider):
@@ -203,11 +219,10 @@ class KieProvider(Provider):
 
     async def submit(self, request: SubmitRequest, idempotency_key: str) -> Submitted:
         body: dict[str, Any] = {"model": request.model, "input": dict(request.input)}
+        # The callback URL carries our capability token already (Settings.callback_url).
         secrets = self._secrets.plus_callback(request.callback_url)
         if request.callback_url:
-            token = make_capability_token(NAME, request.job_id, self._secret_keys[0])
-            body["callBackUrl"] = with_token(request.callback_url, token)
-            secrets = secrets.plus(token)
+            body["callBackUrl"] = request.callback_url
         response = await submit_call(
             self._http.submits, NAME, "POST", f"{self.base_url}/api/v1/jobs/createTask",
             json=body, headers=self._headers(), secrets=secrets,
@@ -240,6 +255,29 @@ class KieProvider(Provider):
             ))
         except Exception:
             return False
+
+    def webhook_task_id(self, webhook: WebhookRequest) -> str | None:
+        # The callback is a recordInfo answer: `data.taskId`; KIE's callback
+        # pages for other families put `taskId` at the top level.
+        return claimed_id(webhook_field(webhook.raw_body, "data", "taskId")
+                          or webhook_field(webhook.raw_body, "taskId"))
+
+    async def confirm_task(self, task_id: str, request: SubmitRequest) -> Submitted | None:
+        """recordInfo with our key (code 404: KIE does not know the task),
+        and the task's echoed create request must be this job's."""
+        response = await read_call(
+            self._http.reads, NAME, "GET", f"{self.base_url}/api/v1/jobs/recordInfo",
+            params={"taskId": task_id}, headers=self._headers(), secrets=self._secrets, not_found=None,
+        )
+        body = json_object(response, NAME, Transient)
+        try:
+            record_outcome(body, self._secrets)  # a state we can read, or what its code means
+        except Rejected:
+            return None
+        data = body.get("data")
+        if not isinstance(data, Mapping) or data.get("taskId") not in (None, task_id):
+            return None
+        return Submitted(task_id=task_id) if made_for(data, request) else None
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -23,6 +23,8 @@ from app.providers.base import (
     Transient,
     Uncertain,
     WebhookRequest,
+    claimed_id,
+    webhook_field,
 )
 from app.providers.http import (
     NO_SECRETS,
@@ -142,6 +144,12 @@ class SimProvider(Provider):
             )
         except Exception:
             return False
+
+    def webhook_task_id(self, webhook: WebhookRequest) -> str | None:
+        # The task JSON's `id`. (An uncertain sim job is rare — the submit is
+        # idempotent — and its deliveries cannot verify without the per-task
+        # secret the lost answer carried; this is here for completeness.)
+        return claimed_id(webhook_field(webhook.raw_body, "id"))
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -1,9 +1,10 @@
 """Signed tokens made from the server's SECRET_KEY.
 
 Read tokens let a browser read ONE job (and its outputs) without the API
-key, until they expire. Capability tokens go in a callback URL for providers
-whose own signature does not cover the body (KIE): only we can mint one for a
-given (provider, job).
+key, until they expire. Capability tokens go in every callback URL we register
+(CONTRACT.md): a webhook must pass its provider's scheme and ours, and for
+KIE, whose own signature does not cover the body, ours is the whole check.
+Only we can mint one for a given (provider, job).
 
 Both are a single url-safe base64 blob (no padding, no separators):
 

@@ -145,8 +145,8 @@ class Store:
         if task.idempotency_key is not None:
             self.by_idempotency_key[task.idempotency_key] = task
             self.stats.creates_by_idempotency_key[task.idempotency_key] += 1
-        if task.callback_url is not None:
-            self.stats.creates_by_callback_url[task.callback_url] += 1
+        if task.callback_url is not None:  # keyed without its query string (a capability token)
+            self.stats.creates_by_callback_url[task.callback_url.partition("?")[0]] += 1
 
     def get(self, task_id: str, protocol: str) -> Task | None:
         task = self.tasks.get(task_id)

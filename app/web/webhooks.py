@@ -28,8 +28,8 @@ async def receive_webhook(request: Request) -> Response:
         state.metrics.webhook(provider_name, "too_large")
         return error_response(ApiErrorCode.PAYLOAD_TOO_LARGE, f"the webhook body is over {MAX_BODY} bytes")
     headers = {k.lower(): v for k, v in request.headers.items()}
-    ok = await webhook_road.accept(state.pool, provider, state.secretbox, job_id, headers,
-                                   dict(request.query_params), raw)
+    ok = await webhook_road.accept(state.pool, provider, state.secretbox, state.settings.secret_keys, job_id,
+                                   headers, dict(request.query_params), raw)
     if not ok:
         state.metrics.webhook(provider_name, "unauthorized")
         return JSONResponse(UNAUTHORIZED_BODY, status_code=401)

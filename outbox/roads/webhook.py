@@ -1,25 +1,41 @@
 """Road 1 to a settle: a provider's signed webhook.
 
-Verified at arrival with the provider's own scheme on the raw bytes; then the
-only effect is a settle request (coalesced into the job's open intent). The
-body is never parsed for state: the settle step re-asks the provider.
+Every callback URL we register carries our capability token for (provider,
+job) (Settings.callback_url), so a delivery must pass our check — first, on
+the query alone, before any database read — and then the provider's own
+scheme on the raw bytes. Then the only effect is a settle request (coalesced
+into the job's open intent). The body is never parsed for state: the settle
+step re-asks the provider. One thing only is taken from a verified delivery,
+for a job whose submit is in doubt (no task id yet): the task id it names, as
+a claim the settle step confirms with the provider before adopting it.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from app.config import CALLBACK_TOKEN
+from app.domain import jobs
 from app.providers.base import Provider, WebhookRequest
 from app.signing.secretbox import SecretBox
-from app.vocabulary import TERMINAL, IntentKind
+from app.signing.tokens import check_capability_token
+from app.vocabulary import TERMINAL, IntentKind, JobStatus
 from outbox import intents
 
-LOAD = "select status, webhook_secret from jobs where id = $1 and provider = $2"
+LOAD = "select status, provider_task_id, webhook_secret from jobs where id = $1 and provider = $2"
+
+# A job in these states without a task id may be recovered by the task its
+# own webhook names (the webhook can beat the submit's lost answer).
+IN_DOUBT = (JobStatus.SUBMITTING, JobStatus.UNCERTAIN)
 
 
-async def accept(pool, provider: Provider, secretbox: SecretBox, job_id: str,
+async def accept(pool, provider: Provider, secretbox: SecretBox, keys: Sequence[bytes], job_id: str,
                  headers: Mapping[str, str], query: Mapping[str, str], raw_body: bytes) -> bool:
     """True when the webhook is genuine and a settle was requested. Every
-    failure (unknown job, closed job, bad signature) is the same False."""
+    failure (no or another job's token, unknown job, closed job, bad
+    signature) is the same False."""
+    # Ours first: a pure HMAC check, so a delivery without our token costs no database read.
+    if not check_capability_token(query.get(CALLBACK_TOKEN), provider.name, job_id, keys):
+        return False
     row = await pool.fetchrow(LOAD, job_id, provider.name)
     if row is None or row["status"] in TERMINAL:
         return False
@@ -31,6 +47,14 @@ async def accept(pool, provider: Provider, secretbox: SecretBox, job_id: str,
     # webhooks waiting on that must not drain the pool.
     if not await provider.verify(webhook):
         return False
-    # One statement: requested only if the job is still open (closed while
-    # we verified: nothing to do).
-    return await intents.request(pool, job_id, IntentKind.SETTLE)
+    claimed = provider.webhook_task_id(webhook) if row["provider_task_id"] is None \
+        and row["status"] in IN_DOUBT else None
+    if claimed is None:
+        # One statement: requested only if the job is still open (closed
+        # while we verified: nothing to do).
+        return await intents.request(pool, job_id, IntentKind.SETTLE)
+    async with pool.acquire() as conn, conn.transaction():
+        # The claim and its settle request together (the claim's statement
+        # re-checks the job under its row lock).
+        await jobs.claim_task(conn, job_id, claimed)
+        return await intents.request(conn, job_id, IntentKind.SETTLE)

@@ -13,7 +13,7 @@ from app.providers import KNOWN_PROVIDERS, build_providers, close_providers
 from app.providers.base import Rejected, TaskState, Transient, Uncertain
 from app.providers.fal import documented_urls, is_request_outcome, operation_urls, queue_root, result_observation
 from app.providers.http import NO_SECRETS, Secrets, collect_urls, retry_after_seconds, same_origin
-from app.providers.kie import observation_from_record, result_urls, submit_outcome, with_token
+from app.providers.kie import observation_from_record, result_urls, submit_outcome
 from app.providers.replicate import observation_from_prediction, route_for_model
 from app.providers.sim import observation_from_task
 
@@ -280,11 +280,6 @@ def test_kie_success_code_gives_the_task_id():
     assert submit_outcome({"code": 200, "msg": "success", "data": {"taskId": "task_1"}}, NO_SECRETS) == "task_1"
     with pytest.raises(Uncertain):
         submit_outcome({"code": 200, "data": {}}, NO_SECRETS)
-
-
-def test_kie_token_joins_the_callback_url():
-    assert with_token("https://a/webhooks/kie/job_1", "t0k") == "https://a/webhooks/kie/job_1?token=t0k"
-    assert with_token("https://a/x?y=1", "t0k") == "https://a/x?y=1&token=t0k"
 
 
 # ------------------------------------------------------------------ shared helpers

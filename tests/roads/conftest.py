@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -97,6 +98,13 @@ def job_secret(settings, row) -> str:
 def tv1_headers(secret: str, body: bytes, t: int | None = None) -> dict:
     return {"content-type": "application/json",
             "x-signature": sign_tv1(secret, body, int(time.time()) if t is None else t)}
+
+
+def hook_path(settings, provider: str, job_id: str) -> str:
+    """The path and query of the job's callback URL, as longcall registers
+    it (Settings.callback_url: our capability token in the query)."""
+    url = urlsplit(settings.callback_url(provider, job_id))
+    return f"{url.path}?{url.query}"
 
 
 def sim_task(sim_url: str, task_id: str) -> dict:

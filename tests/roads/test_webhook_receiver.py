@@ -32,6 +32,7 @@ from outbox.settler import Settler
 from tests.conftest import TABLES, serve_app
 from tests.roads.conftest import (
     assert_money_balances,
+    hook_path,
     job_secret,
     provider_env,
     sim_job,
@@ -60,6 +61,10 @@ class World:
     closed: str  # a job closed (cancelled) after it ran: its secret is erased
     secrets: dict  # job id -> its webhook secret (the closed job's as it was)
     reference_401: bytes  # what an unknown job with no signature gets
+    settings: object  # the settler's: its callback URLs carry our capability tokens
+
+    def path(self, job_id: str, provider: str = "sim") -> str:
+        return hook_path(self.settings, provider, job_id)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +104,7 @@ async def world(pool, migrated, sim_server, tmp_path_factory) -> World:
         async with httpx.AsyncClient(base_url=url) as anon:
             ref = await anon.post(f"/webhooks/sim/{unknown_job_id()}", content=BODY)
         assert ref.status_code == 401 and ref.json() == UNAUTHORIZED
-        yield World(url, pool, running, other, closed, keys, ref.content)
+        yield World(url, pool, running, other, closed, keys, ref.content, settings)
     finally:
         settler.stop()
         await asyncio.wait_for(settler_task, 30)
@@ -206,17 +211,45 @@ def closed_job(w):
     return w.closed, BODY, tv1_headers(w.secrets[w.closed], BODY)
 
 
+# Correctly signed by the provider, but without our capability token (or
+# with one that is not this job's): the URL did not come from us.
+def signed_without_our_token(w):
+    return w.running, BODY, tv1_headers(w.secrets[w.running], BODY), f"/webhooks/sim/{w.running}"
+
+
+def signed_with_an_empty_token(w):
+    return w.running, BODY, tv1_headers(w.secrets[w.running], BODY), f"/webhooks/sim/{w.running}?token="
+
+
+def signed_with_another_jobs_token(w):
+    other = w.path(w.other).partition("?")[2]
+    return w.running, BODY, tv1_headers(w.secrets[w.running], BODY), f"/webhooks/sim/{w.running}?{other}"
+
+
+def signed_with_another_providers_token(w):
+    kie = w.path(w.running, "kie").partition("?")[2]
+    return w.running, BODY, tv1_headers(w.secrets[w.running], BODY), f"/webhooks/sim/{w.running}?{kie}"
+
+
+def signed_with_another_servers_token(w):
+    token = make_capability_token("sim", w.running, b"another-server-secret-key")
+    return w.running, BODY, tv1_headers(w.secrets[w.running], BODY), f"/webhooks/sim/{w.running}?token={token}"
+
+
 HOSTILE = [forged, body_byte_changed, signature_byte_changed, stale_301s, future_360s, missing_header,
            non_numeric_t, signed_numeric_t, no_v1, only_v2_downgrade, non_hex, empty_header,
-           two_timestamps, another_jobs_signature, valid_signature_unknown_job, closed_job]
+           two_timestamps, another_jobs_signature, valid_signature_unknown_job, closed_job,
+           signed_without_our_token, signed_with_an_empty_token, signed_with_another_jobs_token,
+           signed_with_another_providers_token, signed_with_another_servers_token]
 
 
 @pytest.mark.parametrize("case", HOSTILE, ids=[c.__name__ for c in HOSTILE])
 async def test_hostile_sim_webhook_is_401_and_changes_nothing(world, case):
-    job_id, body, headers = case(world)
+    job_id, body, headers, *path = case(world)
     before = await snapshot(world.pool)
     async with httpx.AsyncClient(base_url=world.url) as anon:
-        r = await anon.post(f"/webhooks/sim/{job_id}", content=body, headers=headers)
+        # with our token for that job, unless the case says where to post
+        r = await anon.post(path[0] if path else world.path(job_id), content=body, headers=headers)
     assert r.status_code == 401
     assert r.content == world.reference_401  # one uniform answer, whatever went wrong
     assert await snapshot(world.pool) == before
@@ -239,7 +272,7 @@ async def test_a_genuine_sim_webhook_is_accepted_and_only_asks_for_a_settle(worl
     ]
     async with httpx.AsyncClient(base_url=world.url) as anon:
         for headers in variants:
-            r = await anon.post(f"/webhooks/sim/{world.running}", content=BODY, headers=headers)
+            r = await anon.post(world.path(world.running), content=BODY, headers=headers)
             assert r.status_code == 204, r.text
     after = await snapshot(world.pool)
     intent = [o for o in after["outbox"] if o["job_id"] == world.running]
@@ -265,7 +298,7 @@ async def test_oversized_webhook_is_413_and_writes_nothing(world, chunked):
 
     before = await snapshot(world.pool)
     async with httpx.AsyncClient(base_url=world.url) as anon:
-        r = await anon.post(f"/webhooks/sim/{world.running}", content=stream() if chunked else big,
+        r = await anon.post(world.path(world.running), content=stream() if chunked else big,
                             headers=headers)
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "payload_too_large"
@@ -273,7 +306,7 @@ async def test_oversized_webhook_is_413_and_writes_nothing(world, chunked):
     # exactly at the cap is not too large (it is merely unsigned here)
     exact = b"x" * MAX_BODY
     async with httpx.AsyncClient(base_url=world.url) as anon:
-        r = await anon.post(f"/webhooks/sim/{world.running}", content=exact)
+        r = await anon.post(world.path(world.running), content=exact)
     assert r.status_code == 401
 
 
@@ -304,8 +337,8 @@ async def test_a_sim_signature_on_another_providers_route_is_401(world):
     stranger's job there, and gets the same 401."""
     before = await snapshot(world.pool)
     async with httpx.AsyncClient(base_url=world.url) as anon:
-        for provider in ("replicate", "fal", "kie"):
-            r = await anon.post(f"/webhooks/{provider}/{world.running}", content=BODY,
+        for provider in ("replicate", "fal", "kie"):  # each with our token for that route
+            r = await anon.post(world.path(world.running, provider), content=BODY,
                                 headers=tv1_headers(world.secrets[world.running], BODY))
             assert r.status_code == 401 and r.content == world.reference_401
     assert await snapshot(world.pool) == before
@@ -336,7 +369,7 @@ async def test_replicate_standard_webhooks(web, make_settings, make_owner, sim, 
     server = await web(**provider_env(sim.url))
     settings = make_settings(**provider_env(sim.url, PUBLIC_URL=server.url))
     row = await _running_job(server, settings, db, settlers, await make_owner(), "replicate", "acme/painter")
-    path = f"/webhooks/replicate/{row['id']}"
+    path = hook_path(settings, "replicate", row["id"])
     secret = httpx.get(f"{sim.url}/replicate/v1/webhooks/default/secret", trust_env=False,
                        headers={"Authorization": "Bearer r8_roads_test_token"}).json()["key"]
     other_secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
@@ -363,6 +396,13 @@ async def test_replicate_standard_webhooks(web, make_settings, make_owner, sim, 
     answers = await _post_each(server.url, path, hostile)
     assert [r.status_code for r in answers] == [401] * len(hostile)
     assert {r.content for r in answers} == {answers[0].content} and answers[0].json() == UNAUTHORIZED
+    assert await snapshot(db) == before
+    # correctly signed by Replicate, but not at the URL we registered: no
+    # token, or another job's
+    another = hook_path(settings, "replicate", unknown_job_id()).partition("?")[2]
+    for elsewhere in (f"/webhooks/replicate/{row['id']}", f"/webhooks/replicate/{row['id']}?{another}"):
+        [refused] = await _post_each(server.url, elsewhere, [(body, good)])
+        assert refused.status_code == 401 and refused.content == answers[0].content
     assert await snapshot(db) == before
 
     # the control: signed with the simulator's account secret, with a
@@ -396,7 +436,7 @@ async def test_fal_ed25519_with_a_key_not_in_the_jwks(web, make_settings, make_o
         (body, {**signed(stranger), "x-fal-webhook-signature": "not hex"}),
     ]
     before = await snapshot(db)
-    answers = await _post_each(server.url, f"/webhooks/fal/{row['id']}", hostile)
+    answers = await _post_each(server.url, hook_path(settings, "fal", row["id"]), hostile)
     assert [r.status_code for r in answers] == [401] * len(hostile)
     assert all(r.json() == UNAUTHORIZED for r in answers)
     assert await snapshot(db) == before
@@ -443,7 +483,7 @@ async def test_kie_capability_token(web, make_settings, make_owner, sim, settler
         r = await anon.post(f"/webhooks/kie/{job_id}", params={"token": token}, content=body, headers=plain)
     assert r.status_code == 204
     assert stats(sim.url)["creates_by_callback_url"] == {
-        f"{server.url}/webhooks/kie/{job_id}?token={token}": 1}
+        f"{server.url}/webhooks/kie/{job_id}": 1}  # keyed without the query string
 
 
 async def test_slow_key_fetch_does_not_hold_database_connections(web, make_owner, make_settings, sim,
@@ -472,7 +512,8 @@ async def test_slow_key_fetch_does_not_hold_database_connections(web, make_owner
         async with httpx.AsyncClient(base_url=server.url, timeout=30,
                                      limits=httpx.Limits(max_connections=100)) as anon, \
                 server.client(owner.api_key) as c:
-            flood = [asyncio.create_task(anon.post(f"/webhooks/fal/{row['id']}", content=b"{}",
+            # with our token: the forgery is the signature, so each waits on the keys
+            flood = [asyncio.create_task(anon.post(hook_path(settings, "fal", row["id"]), content=b"{}",
                                                    headers=forged)) for _ in range(40)]
             await wait_until(lambda: _true(fetched))
             await asyncio.sleep(0.3)  # the flood is in, waiting on the key fetch
@@ -528,9 +569,9 @@ async def test_duplicate_deliveries_coalesce_and_the_job_settles_once(web, make_
     headers = tv1_headers(job_secret(settings, row), BODY)  # one webhook, delivered 200 times
     generation = await db.fetchval("select generation from outbox where job_id = $1", job_id)
     async with httpx.AsyncClient(base_url=server.url, limits=httpx.Limits(max_connections=100)) as anon:
-        sequential = [await anon.post(f"/webhooks/sim/{job_id}", content=BODY, headers=headers)
+        sequential = [await anon.post(hook_path(settings, "sim", job_id), content=BODY, headers=headers)
                       for _ in range(100)]
-        concurrent = await asyncio.gather(*[anon.post(f"/webhooks/sim/{job_id}", content=BODY, headers=headers)
+        concurrent = await asyncio.gather(*[anon.post(hook_path(settings, "sim", job_id), content=BODY, headers=headers)
                                             for _ in range(100)])
     assert [r.status_code for r in sequential + list(concurrent)] == [204] * 200
     intents = await db.fetch("select kind, generation from outbox where job_id = $1", job_id)
@@ -547,7 +588,7 @@ async def test_duplicate_deliveries_coalesce_and_the_job_settles_once(web, make_
 
     before = await snapshot(db)
     async with httpx.AsyncClient(base_url=server.url) as anon:
-        late = await asyncio.gather(*[anon.post(f"/webhooks/sim/{job_id}", content=BODY, headers=headers)
+        late = await asyncio.gather(*[anon.post(hook_path(settings, "sim", job_id), content=BODY, headers=headers)
                                       for _ in range(20)])
     assert {r.status_code for r in late} == {401}
     assert await snapshot(db) == before
@@ -576,7 +617,7 @@ async def test_deliveries_racing_the_settle_close_the_job_once(web, make_setting
 
     async def deliver(client, after_s: float = 0.0):
         await asyncio.sleep(after_s)
-        r = await client.post(f"/webhooks/sim/{job_id}", content=BODY, headers=headers)
+        r = await client.post(hook_path(settings, "sim", job_id), content=BODY, headers=headers)
         return r.status_code, time.time()
 
     async def one_after_another(client):
@@ -616,7 +657,7 @@ async def test_a_body_claiming_success_is_not_believed(web, make_settings, make_
     lie = (b'{"id": "%s", "status": "succeeded", "outputs": ["%s/outputs/%s/0"], "cost": 1, "error": null}'
            % (row["provider_task_id"].encode(), sim.url.encode(), row["provider_task_id"].encode()))
     async with httpx.AsyncClient(base_url=server.url) as anon:
-        r = await anon.post(f"/webhooks/sim/{row['id']}", content=lie,
+        r = await anon.post(hook_path(settings, "sim", row["id"]), content=lie,
                             headers=tv1_headers(job_secret(settings, row), lie))
     assert r.status_code == 204
     done = await wait_for_status(db, row["id"], ("succeeded", "failed"), timeout=10)
