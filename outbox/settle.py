@@ -34,6 +34,7 @@ from app.vocabulary import CallOutcome, JobStatus, ProviderCall
 from outbox import decide
 from outbox.context import Context
 from outbox.outcome import DONE, Done, Outcome
+from outbox.submit import save_submitted
 
 log = logging.getLogger("longcall.settler")
 
@@ -93,14 +94,8 @@ async def _confirm_claim(ctx: Context, job: JobRecord, provider, task_id: str, a
             await jobs.drop_claim(conn, job.id, decision.task_id)
         log.warning("claimed task not confirmed", extra={"job_id": job.id, "provider": provider.name})
         return DONE
-    submitted = decision.submitted
-    secret = ctx.secretbox.encrypt(submitted.webhook_secret, job.id) if submitted.webhook_secret else None
-    async with ctx.pool.acquire() as conn:
-        saved = await jobs.save_task(
-            conn, job.id, task_id=submitted.task_id,
-            operation=dict(submitted.operation) if submitted.operation else None,
-            webhook_secret=secret, callback_registered=True, first_check_after_s=0.0,
-            from_statuses=(JobStatus.UNCERTAIN,))
+    saved = await save_submitted(ctx, job.id, decision.submitted, callback_registered=True,
+                                 first_check_after_s=0.0, from_statuses=(JobStatus.UNCERTAIN,))
     log.info("uncertain job recovered by its webhook",
              extra={"job_id": job.id, "provider": provider.name, "saved": saved.name.lower()})
     return DONE

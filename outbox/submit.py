@@ -16,7 +16,7 @@ import logging
 from app.domain import jobs
 from app.domain.record import JobRecord
 from app.providers.base import ProviderError, Rejected, SubmitRequest, Submitted, Transient, Uncertain
-from app.vocabulary import CallOutcome, ProviderCall
+from app.vocabulary import CallOutcome, JobStatus, ProviderCall
 from outbox import decide
 from outbox.context import Context
 from outbox.outcome import DONE, Outcome
@@ -110,15 +110,24 @@ async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.Su
     raise TypeError(f"a submit step cannot carry out {decision!r}")
 
 
-async def _save(ctx: Context, job: JobRecord, provider, save: decide.Save) -> Outcome:
-    submitted = save.submitted
-    secret = ctx.secretbox.encrypt(submitted.webhook_secret, job.id) if submitted.webhook_secret else None
+async def save_submitted(ctx: Context, job_id: str, submitted: Submitted, *, callback_registered: bool,
+                         first_check_after_s: float,
+                         from_statuses: tuple[JobStatus, ...] = (JobStatus.SUBMITTING,)) -> jobs.Saved:
+    """Save a provider's task on its job, its per-task secret encrypted: the
+    one way a task id is saved by a step (a submit's answer, a look-up, or a
+    confirmed webhook claim for an uncertain job)."""
+    secret = ctx.secretbox.encrypt(submitted.webhook_secret, job_id) if submitted.webhook_secret else None
     async with ctx.pool.acquire() as conn:
-        result = await jobs.save_task(
-            conn, job.id, task_id=submitted.task_id,
+        return await jobs.save_task(
+            conn, job_id, task_id=submitted.task_id,
             operation=dict(submitted.operation) if submitted.operation else None,
-            webhook_secret=secret, callback_registered=save.callback_registered,
-            first_check_after_s=save.first_check_after_s)
+            webhook_secret=secret, callback_registered=callback_registered,
+            first_check_after_s=first_check_after_s, from_statuses=from_statuses)
+
+
+async def _save(ctx: Context, job: JobRecord, provider, save: decide.Save) -> Outcome:
+    result = await save_submitted(ctx, job.id, save.submitted, callback_registered=save.callback_registered,
+                                  first_check_after_s=save.first_check_after_s)
     if result is jobs.Saved.ON_CLOSED_JOB:
         log.info("task saved on a closed job; provider cancel queued",
                  extra={"job_id": job.id, "provider": provider.name})

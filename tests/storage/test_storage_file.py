@@ -16,6 +16,7 @@ from app.storage import (
     object_key,
     open_storage,
 )
+from tests.storage.conftest import read_all, stored
 
 MiB = 1024 * 1024
 
@@ -25,20 +26,6 @@ def write_source(directory, name: str, data: bytes) -> tuple[str, str]:
     with open(path, "wb") as f:
         f.write(data)
     return path, hashlib.sha256(data).hexdigest()
-
-
-async def read_all(storage, key: str) -> bytes:
-    chunks = await storage.open_stream(key)
-    return b"".join([chunk async for chunk in chunks])
-
-
-async def stored(storage, key: str) -> tuple[int, str] | None:
-    """Size and sha256 of the object as read back, or None when there is none."""
-    try:
-        data = await read_all(storage, key)
-    except ObjectNotFound:
-        return None
-    return len(data), hashlib.sha256(data).hexdigest()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from app.storage import ObjectNotFound, S3Storage, StorageError, object_key, open_storage
+from tests.storage.conftest import read_all, stored
 
 MiB = 1024 * 1024
 KEY = object_key("own_1", "job_0123456789abcdef01234567", 0)
@@ -30,20 +31,6 @@ async def storage(running_s3, bucket):
                    multipart_threshold=5 * MiB, part_size=5 * MiB)
     yield s3
     await s3.aclose()
-
-
-async def read_all(storage, key: str) -> bytes:
-    chunks = await storage.open_stream(key)
-    return b"".join([chunk async for chunk in chunks])
-
-
-async def stored(storage, key: str) -> tuple[int, str] | None:
-    """Size and sha256 of the object as read back, or None when there is none."""
-    try:
-        data = await read_all(storage, key)
-    except ObjectNotFound:
-        return None
-    return len(data), hashlib.sha256(data).hexdigest()
 
 
 async def test_small_object_round_trip(storage, running_s3, bucket, tmp_path):
