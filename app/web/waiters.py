@@ -45,6 +45,10 @@ class JobChanges:
                 if not bucket:
                     del self._watches[job_id]
 
+    def watching(self, job_id: str) -> int:
+        """How many requests are watching this job now."""
+        return len(self._watches.get(job_id, ()))
+
     def _on_notify(self, payload: str) -> None:
         for w in self._watches.get(payload, ()):
             w.event.set()

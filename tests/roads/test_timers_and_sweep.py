@@ -55,7 +55,7 @@ async def test_without_public_url_the_poll_schedule_closes_jobs(web, make_settin
     assert row["callback_registered"] is False
     assert stats(sim.url)["webhooks_sent"] == 0
     assert stats(sim.url)["status_calls"] == 1  # done at the first poll (2 s)
-    assert 2.0 <= _elapsed(row) < 5
+    assert 2.0 <= _elapsed(row) < 15  # not before the first poll; one poll (above) did it
     await assert_money_balances(db)
 
 
@@ -72,7 +72,7 @@ async def test_the_give_up_deadline_expires_refunds_and_cancels_at_the_provider(
     row = await wait_for_status(db, job_id, "expired", timeout=10)
     assert row["error_code"] == "give_up"
     assert (row["credits_charged"], row["credits_refunded"]) == (0, 10)
-    assert 2.0 <= _elapsed(row) < 6
+    assert 2.0 <= _elapsed(row) < 20  # the deadline's own timer, not the 30 s lost-webhook check
     # the provider is asked to stop the task, through the outbox
     await wait_until(lambda: _no_intents(db, job_id))
     assert sim_task(sim.url, row["provider_task_id"])["status"] == "cancelled"
