@@ -14,6 +14,10 @@ policy names: the caller gives each provider only its own configured origin
 (app.config.Settings.plain_http_origins). Everything else is https, on the
 provider's host allowlist, at public addresses.
 
+A provider whose files need its own credentials (Replicate says its output
+URLs do) has them sent on the first request only, and only to its own
+hosts: a redirect, even back to one of them, goes without.
+
 A slow host must not hold the settler: no byte for `stall_timeout_s` ends a
 download (waiting for the answer or between chunks), and a HostLimiter lets
 only a few downloads at once talk to one origin, so a host that accepts
@@ -33,7 +37,7 @@ import re
 import socket
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -120,6 +124,18 @@ class DownloadPolicy:
     # Shared by every download of the process (None: no per-host limit).
     host_limiter: HostLimiter | None = field(default=None, compare=False)
     host_wait_s: float = 1.0  # how long to wait for a place at a full origin
+    # The provider's own credentials (Replicate's Authorization) and the
+    # hosts that may see them: sent on the first request only, and only when
+    # its host is one of these; never to another host, never after a redirect.
+    credential_hosts: tuple[str, ...] = ()
+    credentials: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def credentials_for(self, url: httpx.URL, hop: int) -> Mapping[str, str]:
+        """The headers carrying credentials for the request to `url`, the
+        `hop`-th of a download (0: the URL the provider gave). Pure."""
+        if hop or not self.credentials or not host_allowed(url.host, self.credential_hosts):
+            return {}
+        return self.credentials
 
 
 @dataclass(frozen=True)
@@ -270,14 +286,15 @@ async def _resolve_checked(url: httpx.URL, policy: DownloadPolicy, resolve: Reso
     return addresses
 
 
-def pinned_request(client: httpx.AsyncClient, url: httpx.URL, ip: str) -> httpx.Request:
+def pinned_request(client: httpx.AsyncClient, url: httpx.URL, ip: str,
+                   credentials: Mapping[str, str] | None = None) -> httpx.Request:
     """A GET that connects to `ip` while speaking to `url`'s host: the Host
     header names the host and TLS sends it as SNI and verifies the
     certificate against it (httpcore's `sni_hostname` extension)."""
     return client.build_request(
         "GET",
         url.copy_with(host=ip),
-        headers={"Host": url.netloc.decode("ascii"), "Accept-Encoding": "identity"},
+        headers={**(credentials or {}), "Host": url.netloc.decode("ascii"), "Accept-Encoding": "identity"},
         extensions={"sni_hostname": url.raw_host.decode("ascii")},
     )
 
@@ -294,10 +311,11 @@ def _default_ssl_context() -> ssl.SSLContext:
 
 
 async def _open(client: httpx.AsyncClient, url: httpx.URL, addresses: list[str],
-                policy: DownloadPolicy) -> httpx.Response:
+                policy: DownloadPolicy, hop: int) -> httpx.Response:
     for ip in addresses:
         try:
-            return await client.send(pinned_request(client, url, ip), stream=True)
+            return await client.send(pinned_request(client, url, ip, policy.credentials_for(url, hop)),
+                                     stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout):
             continue  # next address of the same checked answer
         except httpx.TimeoutException:
@@ -363,7 +381,7 @@ async def _download(url: str, policy: DownloadPolicy, file, digest,
             addresses = await _resolve_checked(current, policy, resolve)
             # Each hop holds a place at its own origin while its answer is open.
             async with _place(policy, current):
-                response = await _open(client, current, addresses, policy)
+                response = await _open(client, current, addresses, policy, redirects)
                 try:
                     if response.status_code in REDIRECT_STATUSES:
                         location = response.headers.get("location")

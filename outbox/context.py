@@ -52,7 +52,9 @@ class Context:
                               plain_http_origins=self.settings.plain_http_origins(provider.name),
                               max_bytes=self.settings.max_output_bytes,
                               stall_timeout_s=self.settings.download_stall_timeout_s,
-                              host_limiter=self.host_limiter)
+                              host_limiter=self.host_limiter,
+                              credential_hosts=provider.facts.credential_hosts,
+                              credentials=provider.download_credentials())
 
     async def close(self) -> None:
         await close_providers(self.providers)

@@ -169,6 +169,7 @@ def give_up(status: JobStatus, deadline_at: dt.datetime, now: dt.datetime) -> Cl
 # --- settle -------------------------------------------------------------------------
 
 OUTPUTS_REMOVED = "the provider removed the outputs before they were copied"
+STOPPED_AT_DEADLINE = "the provider stopped the task at the job's give-up deadline"
 
 
 def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, now: dt.datetime,
@@ -197,6 +198,8 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
         return Wait(timers.next_check_delay(facts, callback_registered=job.callback_registered,
                                             age_s=job.age_s(now), seconds_to_deadline=job.seconds_to_deadline(now)),
                     "still running")
+    if seen.state == TaskState.CANCELLED and seen.stopped_at_deadline:
+        return Close(JobStatus.EXPIRED, JobError.GIVE_UP, STOPPED_AT_DEADLINE)
     if seen.state in (TaskState.FAILED, TaskState.CANCELLED):
         return Close(JobStatus.FAILED, JobError.PROVIDER_FAILED,
                      seen.error or f"the provider reports the task {seen.state.value}")

@@ -97,6 +97,9 @@ class Observation:
     values: tuple[OutputValue, ...] = ()
     # The provider says the outputs no longer exist (Replicate's `data_removed`).
     output_removed: bool = False
+    # A cancelled task that the provider stopped at the deadline it was
+    # given at submit (Replicate's `Cancel-After`): the job's give-up.
+    stopped_at_deadline: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ class SubmitRequest:
     # a task any of its calls created was created after it. `find` looks no
     # further back.
     first_attempt_at: dt.datetime | None = None
+    # The job's give-up deadline: a provider that can stop a task at a
+    # deadline of its own is given it, so nothing runs (and bills) past it.
+    deadline_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,9 @@ class ProviderFacts:
     # Hosts outputs may be downloaded from (exact names, or ".suffix").
     output_hosts: tuple[str, ...] = field(default_factory=tuple)
     output_ttl_s: float = 3600.0
+    # Output hosts that are the provider's own and get its credentials on a
+    # download (`Provider.download_credentials`); no other host ever does.
+    credential_hosts: tuple[str, ...] = ()
 
     def poll_delay(self, age_s: float) -> float:
         """The wait before the next check of a task submitted `age_s` ago.
@@ -213,6 +222,11 @@ class Provider:
         except Rejected:
             return None
         return Submitted(task_id=task_id)
+
+    def download_credentials(self) -> Mapping[str, str]:
+        """Headers an output download sends to `facts.credential_hosts` (and
+        only there, on the first hop). None by default."""
+        return {}
 
     async def aclose(self) -> None:
         return None

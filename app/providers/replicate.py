@@ -15,6 +15,7 @@ import json
 import math
 import re
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -73,6 +74,45 @@ SECRET_REFRESH_S = 60.0
 # Replicate stamps `created_at` by its clock, our first submit time is by
 # the database's: look this much further back than that time.
 FIND_CLOCK_SKEW_S = 60.0
+# The shortest `Cancel-After` the API allows.
+MIN_CANCEL_AFTER_S = 5
+
+
+def cancel_after(deadline_at: datetime | None, now: datetime) -> str | None:
+    """The `Cancel-After` header for a job due to give up at `deadline_at`
+    (pure): the whole seconds left, so Replicate stops the prediction no
+    later than we would give up on it. Replicate measures that lifetime from
+    the prediction's creation, a moment after `now`: it stops a hair early,
+    never late. None (no header) without a deadline or with less than the
+    allowed 5 s left."""
+    if deadline_at is None:
+        return None
+    seconds = math.floor((deadline_at - now).total_seconds())
+    return f"{seconds}s" if seconds >= MIN_CANCEL_AFTER_S else None
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def stopped_at_deadline(body: dict) -> bool:
+    """Whether Replicate stopped the prediction at its `Cancel-After`
+    deadline (pure): `aborted` is the deadline passing before it started
+    (the OpenAPI status enum; changelog 2025-10-16); a `canceled` one with a
+    `deadline` that had passed when it completed reached it while running.
+    A user's cancel before the deadline is neither."""
+    if body.get("status") == "aborted":
+        return True
+    if body.get("status") != "canceled":
+        return False
+    deadline, completed = _parse_time(body.get("deadline")), _parse_time(body.get("completed_at"))
+    return deadline is not None and completed is not None and completed >= deadline
 
 
 def route_for_model(model: str) -> tuple[str, dict[str, Any]]:
@@ -130,6 +170,18 @@ def made_by(prediction: Any, model: str, sent_input: Any) -> bool:
     return same_json(prediction.get("input"), sent_input)
 
 
+def confirms(prediction: dict, sent_input: Any) -> bool:
+    """Whether a prediction a verified webhook named (to this job's own
+    capability URL) can be this job's (pure): its input is the one sent, or
+    gone (removed after an hour: the URL's token then vouches alone). Not
+    its `model`: an official model's answer names the deployment that ran
+    it (`replicate-internal/...` for `meta/meta-llama-3-8b-instruct`, in
+    replicate-python's recorded answers)."""
+    if prediction.get("data_removed") is True or prediction.get("input") is None:
+        return True
+    return same_json(prediction.get("input"), sent_input)
+
+
 def _is_url(value: Any) -> bool:
     return bool(collect_urls(value)) if isinstance(value, str) else False  # the one rule of what a URL is
 
@@ -181,7 +233,8 @@ def observation_from_prediction(body: dict, secrets: Secrets) -> Observation:
     if state is TaskState.FAILED:
         return ended(state, secrets, body.get("error"), fallback="the prediction failed")
     if state is TaskState.CANCELLED:
-        return ended(state, secrets, body.get("error"))
+        seen = ended(state, secrets, body.get("error"))
+        return replace(seen, stopped_at_deadline=stopped_at_deadline(body))
     return Observation(state=state)
 
 
@@ -217,6 +270,10 @@ class ReplicateProvider(Provider):
             stale_after_s=stale_after_s,
             output_hosts=("replicate.delivery", ".replicate.delivery", host_of(self.base_url)),
             output_ttl_s=3600.0,
+            # "You'll need to pass the Authorization header to request them"
+            # (the OpenAPI document, predictions.get): files on Replicate's
+            # own hosts, the API's included, and no other.
+            credential_hosts=("replicate.delivery", ".replicate.delivery", host_of(self.base_url)),
         )
 
     def __repr__(self) -> str:
@@ -229,6 +286,9 @@ class ReplicateProvider(Provider):
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
+    def download_credentials(self) -> dict[str, str]:
+        return self._headers()
+
     def _prediction_url(self, task_id: str, suffix: str = "") -> str:
         return f"{self.base_url}/v1/predictions/{quote(task_id, safe='')}{suffix}"
 
@@ -238,9 +298,15 @@ class ReplicateProvider(Provider):
         if request.callback_url:
             body["webhook"] = request.callback_url
             body["webhook_events_filter"] = ["completed"]
+        headers = self._headers()
+        lifetime = cancel_after(request.deadline_at, datetime.now(UTC))
+        if lifetime is not None:
+            # Replicate's own give-up: an `aborted` prediction (the deadline
+            # passed before it started) is not charged (changelog 2025-10-16).
+            headers["Cancel-After"] = lifetime
         response = await submit_call(
             self._http.submits, NAME, "POST", self.base_url + path,
-            json=body, headers=self._headers(), secrets=self._secrets.plus_callback(request.callback_url),
+            json=body, headers=headers, secrets=self._secrets.plus_callback(request.callback_url),
         )
         data = json_object(response, NAME, Uncertain)
         task_id = data.get("id")
@@ -340,18 +406,16 @@ class ReplicateProvider(Provider):
 
     async def confirm_task(self, task_id: str, request: SubmitRequest) -> Submitted | None:
         """The prediction read with our token (404: not ours, or no such
-        one); it must be of the job's model (`owner/name`, when the job
-        names one and the prediction echoes it)."""
+        one); made with the input the job sent, while Replicate still shows
+        it (`confirms`)."""
         try:
             response = await read_call(self._http.reads, NAME, "GET", self._prediction_url(task_id),
                                        headers=self._headers(), secrets=self._secrets)
         except Rejected:
             return None
-        echoed = json_object(response, NAME, Transient).get("model")
-        wanted = request.model.partition(":")[0]
-        if isinstance(echoed, str) and "/" in wanted and echoed != wanted:
-            return None
-        return Submitted(task_id=task_id)
+        prediction = json_object(response, NAME, Transient)
+        sent_input = json.loads(json.dumps(dict(request.input)))
+        return Submitted(task_id=task_id) if confirms(prediction, sent_input) else None
 
     async def aclose(self) -> None:
         await self._http.aclose()

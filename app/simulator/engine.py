@@ -63,7 +63,10 @@ class Simulator:
         idempotency_key: str | None = None,
         webhook_events: tuple[str, ...] = ("completed",),
         extra: dict[str, Any] | None = None,
+        lifetime_s: float | None = None,
     ) -> Task:
+        """`lifetime_s`: the task is stopped this long after it is created
+        if it has not finished by then."""
         store = self.store
         task = Task(
             id=task_id,
@@ -81,12 +84,14 @@ class Simulator:
             webhook_events=webhook_events,
             extra=extra or {},
         )
+        if lifetime_s is not None:
+            task.deadline_at = task.created_at + lifetime_s
         store.add(task)
         if callback_url is not None:
             if "start" in webhook_events:
                 self._schedule(task, "start", task.created_at)
             if "completed" in webhook_events:
-                self._schedule(task, "completed", task.done_at)
+                self._schedule(task, "completed", task.finished_at)
         return task
 
     def cancel_task(self, task: Task) -> bool:

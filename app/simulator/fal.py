@@ -28,7 +28,16 @@ from app.simulator.controls import ControlError, parse_controls
 from app.simulator.engine import Simulator
 from app.simulator.state import CANCEL_REASON, Phase, Task
 from app.simulator.webhooks import OutgoingWebhook
-from app.simulator.wire import BadBody, HoldThenDrop, auth_token, dumps, is_http_url, read_json, server_base
+from app.simulator.wire import (
+    THROTTLE_RETRY_AFTER_S,
+    BadBody,
+    HoldThenDrop,
+    auth_token,
+    dumps,
+    is_http_url,
+    read_json,
+    server_base,
+)
 
 PROTOCOL = "fal"
 PREFIX = "/fal"
@@ -82,6 +91,13 @@ def _validation_error(loc: list[str], message: str) -> JSONResponse:
     return JSONResponse(
         {"detail": [{"loc": loc, "msg": message, "type": "value_error"}]}, status_code=422
     )
+
+
+def _throttled() -> JSONResponse:
+    # fal documents no 429 body; fal-client retries a 429 whatever it says.
+    # The flat request-error shape, `detail` alone (docs: request-errors).
+    return JSONResponse({"detail": "Too many requests"}, status_code=429,
+                        headers={"retry-after": str(THROTTLE_RETRY_AFTER_S)})
 
 
 def _unauthorized() -> JSONResponse:
@@ -142,6 +158,8 @@ def status_view(task: Task, now: float, with_logs: bool) -> tuple[dict[str, Any]
 
 async def _submit(request: Request, model_id: str, app_path: str) -> Response:
     sim: Simulator = request.app.state.sim
+    if sim.fault("throttle"):
+        return _throttled()
     if sim.fault("submit_error"):
         return _error(500, "simulated submit error", "internal_error")
     webhook = request.query_params.get("fal_webhook")
@@ -187,6 +205,8 @@ def _find(sim: Simulator, app_path: str, request_id: str) -> Task | None:
 async def _status(request: Request, app_path: str, request_id: str) -> Response:
     sim: Simulator = request.app.state.sim
     sim.store.stats.status_calls += 1
+    if sim.fault("throttle"):
+        return _throttled()
     if sim.fault("status_error"):
         return _error(500, "simulated status error", "internal_error")
     task = _find(sim, app_path, request_id)

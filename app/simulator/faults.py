@@ -22,6 +22,9 @@ class Faults:
     submit_timeout_after_create: float = 0.0
     status_error: float = 0.0
     download_error: float = 0.0
+    # A create or a status read answered with the protocol's documented 429
+    # (and `retry-after: 1`) instead of the work.
+    throttle: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)

@@ -36,7 +36,16 @@ from app.simulator.controls import ControlError, parse_controls
 from app.simulator.engine import Simulator
 from app.simulator.state import QUEUED_SHARE, Phase, Task
 from app.simulator.webhooks import OutgoingWebhook
-from app.simulator.wire import BadBody, HoldThenDrop, auth_token, dumps, is_http_url, read_json, server_base
+from app.simulator.wire import (
+    THROTTLE_RETRY_AFTER_S,
+    BadBody,
+    HoldThenDrop,
+    auth_token,
+    dumps,
+    is_http_url,
+    read_json,
+    server_base,
+)
 
 PROTOCOL = "kie"
 PREFIX = "/kie"
@@ -57,6 +66,12 @@ def _record_answer(code: int, message: str, data: Any = None, http_status: int =
 
 
 UNAUTHORIZED = "You do not have access permissions"
+# The code table's name for 429.
+RATE_LIMITED = "Rate Limited"
+
+
+def _throttle_headers() -> dict[str, str]:
+    return {"retry-after": str(THROTTLE_RETRY_AFTER_S)}
 
 
 def _ms(ts: float) -> int:
@@ -103,6 +118,10 @@ async def create_task(request: Request) -> Response:
     sim: Simulator = request.app.state.sim
     if auth_token(request, "Bearer") is None:
         return _create_answer(401, UNAUTHORIZED)
+    if sim.fault("throttle"):
+        response = _create_answer(429, RATE_LIMITED, http_status=429)
+        response.headers.update(_throttle_headers())
+        return response
     if sim.fault("submit_error"):
         return _create_answer(500, "simulated server error", http_status=500)
     try:
@@ -142,6 +161,10 @@ async def record_info(request: Request) -> Response:
     if auth_token(request, "Bearer") is None:
         return _record_answer(401, UNAUTHORIZED)
     sim.store.stats.status_calls += 1
+    if sim.fault("throttle"):
+        response = _record_answer(429, RATE_LIMITED, http_status=429)
+        response.headers.update(_throttle_headers())
+        return response
     if sim.fault("status_error"):
         return _record_answer(500, "simulated server error", http_status=500)
     task_id = request.query_params.get("taskId")

@@ -14,7 +14,16 @@ from app.simulator.controls import ControlError, parse_controls
 from app.simulator.engine import Simulator
 from app.simulator.state import Phase, Task
 from app.simulator.webhooks import OutgoingWebhook
-from app.simulator.wire import MAX_IDEMPOTENCY_KEY, BadBody, HoldThenDrop, dumps, is_http_url, read_json, server_base
+from app.simulator.wire import (
+    MAX_IDEMPOTENCY_KEY,
+    THROTTLE_RETRY_AFTER_S,
+    BadBody,
+    HoldThenDrop,
+    dumps,
+    is_http_url,
+    read_json,
+    server_base,
+)
 
 PROTOCOL = "sim"
 
@@ -35,12 +44,19 @@ def _error(message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def _throttled() -> JSONResponse:
+    return JSONResponse({"error": "rate limited"}, status_code=429,
+                        headers={"retry-after": str(THROTTLE_RETRY_AFTER_S)})
+
+
 def _created(task: Task, status: int) -> JSONResponse:
     return JSONResponse({"id": task.id, "webhook_secret": task.webhook_secret}, status_code=status)
 
 
 async def create_task(request: Request) -> Response:
     sim: Simulator = request.app.state.sim
+    if sim.fault("throttle"):
+        return _throttled()
     if sim.fault("submit_error"):
         return _error("simulated submit error", 500)
     try:
@@ -86,6 +102,8 @@ async def create_task(request: Request) -> Response:
 async def get_task(request: Request) -> Response:
     sim: Simulator = request.app.state.sim
     sim.store.stats.status_calls += 1
+    if sim.fault("throttle"):
+        return _throttled()
     if sim.fault("status_error"):
         return _error("simulated status error", 500)
     task = sim.store.get(request.path_params["task_id"], PROTOCOL)

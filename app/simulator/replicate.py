@@ -1,19 +1,24 @@
 """Replicate's HTTP API under /replicate (https://replicate.com/docs/reference/http).
 
-Predictions go starting -> processing -> succeeded | failed | canceled.
+Predictions go starting -> processing -> succeeded | failed | canceled, or
+`aborted` when a `Cancel-After` deadline passes before they start (and
+`canceled` when it passes while they run: the changelog of 2025-10-16).
 Create has no idempotency key (an Idempotency-Key header is ignored, as
-Replicate ignores it). Webhooks are Standard Webhooks signed with the one
+Replicate ignores it); `Prefer: wait[=n]` holds the answer until the
+prediction ends or n seconds (60 at most) pass. Webhooks are Standard Webhooks signed with the one
 account secret served at /v1/webhooks/default/secret. A prediction carries
 the fields of the OpenAPI document's prediction response, and no others: not
 the `webhook` it was created with, which the document does not return.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import bisect
 import hashlib
 import os
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -28,7 +33,16 @@ from app.simulator.controls import ControlError, parse_controls
 from app.simulator.engine import Simulator
 from app.simulator.state import Phase, Task
 from app.simulator.webhooks import OutgoingWebhook
-from app.simulator.wire import BadBody, HoldThenDrop, auth_token, dumps, is_http_url, read_json, server_base
+from app.simulator.wire import (
+    THROTTLE_RETRY_AFTER_S,
+    BadBody,
+    HoldThenDrop,
+    auth_token,
+    dumps,
+    is_http_url,
+    read_json,
+    server_base,
+)
 
 PROTOCOL = "replicate"
 PREFIX = "/replicate"
@@ -45,6 +59,50 @@ _STATUS = {
 def _problem(status: int, title: str, detail: str) -> JSONResponse:
     # Replicate answers errors as RFC 7807 problem details.
     return JSONResponse({"title": title, "detail": detail, "status": status}, status_code=status)
+
+
+def _throttled() -> JSONResponse:
+    # The body of docs/topics/predictions/rate-limits: `detail` alone. The
+    # page names no Retry-After; the simulator's contract sends one.
+    return JSONResponse({"detail": "Request was throttled. Expected available in 1 second."}, status_code=429,
+                        headers={"retry-after": str(THROTTLE_RETRY_AFTER_S)})
+
+
+_DURATION_RE = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+MIN_CANCEL_AFTER_S = 5
+_PREFER_WAIT_RE = re.compile(r"wait(?:=([1-9]|[1-9][0-9]|60))?")
+MAX_WAIT_S = 60
+
+
+def parse_cancel_after(value: str) -> int:
+    """A `Cancel-After` duration in seconds (pure): `30` (seconds), `30s`,
+    `5m`, `1h30m45s`; at least 5 s. ValueError otherwise (what the API
+    answers then is not documented)."""
+    text = value.strip()
+    if text.isdigit():
+        seconds = int(text)
+    else:
+        match = _DURATION_RE.fullmatch(text)
+        if not text or match is None:
+            raise ValueError("Cancel-After must be a duration such as 30s, 5m or 1h30m")
+        hours, minutes, secs = (int(part or 0) for part in match.groups())
+        seconds = hours * 3600 + minutes * 60 + secs
+    if seconds < MIN_CANCEL_AFTER_S:
+        raise ValueError(f"Cancel-After must be at least {MIN_CANCEL_AFTER_S} seconds")
+    return seconds
+
+
+def parse_prefer_wait(value: str | None) -> int | None:
+    """The seconds `Prefer: wait[=n]` asks the create to wait (pure); None
+    without the header; ValueError outside the documented pattern
+    `^wait(=([1-9]|[1-9][0-9]|60))?$`. The pattern lets 61..99 through; the
+    prose says the request waits "up to 60 seconds": at most 60."""
+    if value is None:
+        return None
+    match = _PREFER_WAIT_RE.fullmatch(value.strip())
+    if match is None:
+        raise ValueError("Prefer must be wait or wait=1 to wait=60")
+    return min(int(match.group(1)), MAX_WAIT_S) if match.group(1) else MAX_WAIT_S
 
 
 def _unauthenticated() -> JSONResponse:
@@ -70,6 +128,15 @@ def _fake_version(model: str) -> str:
     return hashlib.sha256(f"replicate-sim|{model}".encode()).hexdigest()
 
 
+def status_of(task: Task, now: float) -> str:
+    """The prediction's status word (pure): a deadline that passed before
+    the prediction started aborted it."""
+    phase = task.phase(now)
+    if phase is Phase.CANCELLED and task.stopped_by_deadline and task.finished_at < task.started_at:
+        return "aborted"
+    return _STATUS[phase]
+
+
 def prediction_view(task: Task, now: float) -> dict[str, Any]:
     phase = task.phase(now)
     terminal = phase.terminal
@@ -90,7 +157,7 @@ def prediction_view(task: Task, now: float) -> dict[str, Any]:
     # `web`, `get` and `cancel` are required; `web` is the prediction's page
     # on the website (replicate.com/p/<id>), here on the simulator's host
     # (not served: nothing reads it).
-    return {
+    view: dict[str, Any] = {
         "id": task.id,
         "model": task.model,
         "version": task.extra["version"],
@@ -100,13 +167,16 @@ def prediction_view(task: Task, now: float) -> dict[str, Any]:
         "data_removed": removed,
         "error": task.error(now) if phase is Phase.FAILED else None,
         "source": "api",
-        "status": _STATUS[phase],
+        "status": status_of(task, now),
         "created_at": _iso(task.created_at),
         "started_at": _iso(started),
         "completed_at": _iso(completed),
         "urls": {"web": f"{task.base_url}{PREFIX}/p/{task.id}", "get": base, "cancel": f"{base}/cancel"},
         "metrics": metrics,
     }
+    if task.deadline_at is not None:
+        view["deadline"] = _iso(task.deadline_at)  # optional: only with a Cancel-After
+    return view
 
 
 def _output(task: Task) -> str | list[str]:
@@ -121,8 +191,16 @@ async def _create(request: Request, model: str | None) -> Response:
     sim: Simulator = request.app.state.sim
     if auth_token(request, "Bearer", "Token") is None:
         return _unauthenticated()
+    if sim.fault("throttle"):
+        return _throttled()
     if sim.fault("submit_error"):
         return _problem(500, "Internal server error", "simulated submit error")
+    try:
+        cancel_after = request.headers.get("cancel-after")
+        lifetime_s = parse_cancel_after(cancel_after) if cancel_after is not None else None
+        wait_s = parse_prefer_wait(request.headers.get("prefer"))
+    except ValueError as exc:
+        return _problem(422, "Input validation failed", f"- {exc}")
     try:
         body = await read_json(request)
     except BadBody as exc:
@@ -171,10 +249,21 @@ async def _create(request: Request, model: str | None) -> Response:
         callback_url=webhook,
         webhook_events=tuple(e for e in ("start", "completed") if e in events),
         extra={"version": version},
+        lifetime_s=lifetime_s,
     )
     if sim.fault("submit_timeout_after_create"):
         return HoldThenDrop(sim.hold_s)
-    return JSONResponse(prediction_view(task, time.time()), status_code=201)
+    if wait_s is None:
+        return JSONResponse(prediction_view(task, time.time()), status_code=201)
+    # Wait for the end or the limit, whichever comes first (a cancel in the
+    # meantime shows at the limit). The loop's timers may fire a hair early:
+    # sleep until the wall clock has passed the moment.
+    until = min(task.created_at + wait_s, task.finished_at)
+    await asyncio.sleep(max(0.0, until - time.time()))
+    if (left := until - time.time()) >= 0:
+        await asyncio.sleep(left + 0.001)
+    return JSONResponse(prediction_view(task, time.time()), status_code=201,
+                        headers={"preference-applied": f"wait={wait_s}"})
 
 
 async def create_by_version(request: Request) -> Response:
@@ -191,6 +280,8 @@ async def get_prediction(request: Request) -> Response:
     if auth_token(request, "Bearer", "Token") is None:
         return _unauthenticated()
     sim.store.stats.status_calls += 1
+    if sim.fault("throttle"):
+        return _throttled()
     if sim.fault("status_error"):
         return _problem(500, "Internal server error", "simulated status error")
     task = sim.store.get(request.path_params["prediction_id"], PROTOCOL)

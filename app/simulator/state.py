@@ -50,6 +50,9 @@ class Task:
     webhook_events: tuple[str, ...] = ("completed",)
     extra: dict[str, Any] = field(default_factory=dict)  # protocol-specific facts
     cancelled_at: float | None = None
+    # When the provider itself stops the task if it has not finished
+    # (Replicate's `Cancel-After`); None: never.
+    deadline_at: float | None = None
 
     @property
     def started_at(self) -> float:
@@ -61,8 +64,23 @@ class Task:
         return self.created_at + self.controls.duration_s
 
     @property
+    def stopped_at(self) -> float | None:
+        """When the task was stopped before it finished: cancelled, or its
+        deadline came first. None: it runs (or ran) to its end."""
+        if self.cancelled_at is not None:
+            return self.cancelled_at
+        if self.deadline_at is not None and self.deadline_at < self.done_at:
+            return self.deadline_at
+        return None
+
+    @property
+    def stopped_by_deadline(self) -> bool:
+        return self.cancelled_at is None and self.stopped_at is not None
+
+    @property
     def finished_at(self) -> float:
-        return self.cancelled_at if self.cancelled_at is not None else self.done_at
+        stopped = self.stopped_at
+        return stopped if stopped is not None else self.done_at
 
     @property
     def outputs_expire_at(self) -> float:
@@ -70,6 +88,8 @@ class Task:
 
     def phase(self, now: float) -> Phase:
         if self.cancelled_at is not None:
+            return Phase.CANCELLED
+        if self.stopped_by_deadline and now >= self.finished_at:
             return Phase.CANCELLED
         if now >= self.done_at:
             return Phase.SUCCEEDED if self.controls.outcome == "succeeded" else Phase.FAILED

@@ -140,3 +140,7 @@ def hide_abort_in_server_log() -> None:
     logger = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, _HideAbort) for f in logger.filters):
         logger.addFilter(_HideAbort())
+
+
+# The simulator's throttle answers ask the client to wait this long.
+THROTTLE_RETRY_AFTER_S = 1

@@ -73,6 +73,10 @@ async def _host(request: Request) -> Response:
     return PlainTextResponse(request.headers.get("host", ""))
 
 
+async def _authorization(request: Request) -> Response:
+    return PlainTextResponse(request.headers.get("authorization", "(none)"))
+
+
 async def _gzip(request: Request) -> Response:
     return Response(gzip.compress(b"a" * 10_000), headers={"Content-Encoding": "gzip"},
                     media_type="text/plain")
@@ -88,6 +92,7 @@ OUTPUTS = Starlette(routes=[
     Route("/to", _to),
     Route("/status/{code:int}", _status),
     Route("/host", _host),
+    Route("/authorization", _authorization),
     Route("/gzip", _gzip),
     Route("/no-location", _no_location),
 ])
@@ -238,6 +243,57 @@ async def test_redirect_to_an_allowed_host_on_a_private_address_is_refused(outpu
 async def test_redirect_without_location(outputs, tmp_path):
     with pytest.raises(DownloadError, match="Location"):
         await download_to_file(f"{outputs.url}/no-location", plain_policy(outputs.url), str(tmp_path))
+
+
+# ----------------------------------------------------------------- the provider's credentials
+
+TOKEN_HEADER = {"Authorization": "Bearer r8_download_secret"}
+
+
+def read(got) -> bytes:
+    with open(got.path, "rb") as f:
+        return f.read()
+
+
+async def test_credentials_go_to_the_providers_own_host(outputs, tmp_path):
+    policy = plain_policy(outputs.url, credential_hosts=("127.0.0.1",), credentials=TOKEN_HEADER)
+    got = await download_to_file(f"{outputs.url}/authorization", policy, str(tmp_path))
+    assert read(got) == b"Bearer r8_download_secret"
+
+
+async def test_credentials_never_follow_a_redirect_even_to_the_same_host(outputs, tmp_path):
+    policy = plain_policy(outputs.url, credential_hosts=("127.0.0.1",), credentials=TOKEN_HEADER)
+    got = await download_to_file(f"{outputs.url}/to?location=/authorization", policy, str(tmp_path))
+    assert read(got) == b"(none)"
+
+
+async def test_credentials_never_go_to_another_allowed_host(outputs, tmp_path):
+    dns = FakeDns({"cdn.test": ["127.0.0.1"]})
+    origin = f"http://cdn.test:{outputs.port}"
+    policy = plain_policy(origin, credential_hosts=("replicate.delivery", ".replicate.delivery"),
+                          credentials=TOKEN_HEADER)
+    got = await download_to_file(f"{origin}/authorization", policy, str(tmp_path), resolve=dns)
+    assert read(got) == b"(none)"
+
+
+def test_a_policy_never_shows_its_credentials():
+    policy = plain_policy(credential_hosts=("h",), credentials=TOKEN_HEADER)
+    assert "r8_download_secret" not in repr(policy) and "r8_download_secret" not in str(policy)
+
+
+@pytest.mark.parametrize("url, hop, sent", [
+    ("https://replicate.delivery/pbxt/a.png", 0, True),
+    ("https://tjzk.replicate.delivery/a.png", 0, True),
+    ("https://tjzk.replicate.delivery/a.png", 1, False),
+    ("https://replicate.delivery.evil.example/a.png", 0, False),
+    ("https://evilreplicate.delivery/a.png", 0, False),
+    ("https://cdn.example/a.png", 0, False),
+])
+def test_which_requests_carry_the_credentials(url, hop, sent):
+    import httpx
+
+    policy = plain_policy(credential_hosts=("replicate.delivery", ".replicate.delivery"), credentials=TOKEN_HEADER)
+    assert policy.credentials_for(httpx.URL(url), hop) == (TOKEN_HEADER if sent else {})
 
 
 # ----------------------------------------------------------------- names and addresses

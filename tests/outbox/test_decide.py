@@ -270,6 +270,23 @@ def test_settle(status, seen, deadline, expected):
     assert got == expected
 
 
+# A cancelled task the provider stopped at the deadline it was given
+# (Replicate's Cancel-After) is the job's give-up, not a provider failure.
+STOPPED = Observation(TaskState.CANCELLED, stopped_at_deadline=True)
+STOPPED_AT_DEADLINE = Close(S.EXPIRED, JobError.GIVE_UP, decide.STOPPED_AT_DEADLINE)
+
+
+@pytest.mark.parametrize("status, deadline, expected", [
+    (S.RUNNING,   "ahead",  STOPPED_AT_DEADLINE),
+    (S.RUNNING,   "passed", EXPIRE_RUNNING),  # our own deadline first: the provider is asked to stop too
+    (S.SUCCEEDED, "ahead",  DONE),
+    (S.CANCELLED, "ahead",  DONE),
+    (S.EXPIRED,   "passed", DONE),
+])
+def test_settle_of_a_task_stopped_at_its_deadline(status, deadline, expected):
+    assert decide.settle(job(status, deadline), STOPPED, now=NOW, attempts=ATTEMPTS, facts=FACTS) == expected
+
+
 def test_settle_of_a_job_that_is_gone():
     assert decide.settle(None, None, now=NOW, attempts=ATTEMPTS, facts=FACTS) == DONE
 

@@ -14,6 +14,7 @@ from app.providers.base import Rejected, TaskState, Transient, Uncertain
 from app.providers.fal import documented_urls, is_request_outcome, operation_urls, queue_root, result_observation
 from app.providers.http import NO_SECRETS, Secrets, collect_urls, retry_after_seconds, same_origin
 from app.providers.kie import observation_from_record, result_urls, submit_outcome
+from app.providers.replicate import cancel_after as replicate_cancel_after
 from app.providers.replicate import observation_from_prediction, route_for_model
 from app.providers.sim import observation_from_task
 
@@ -146,6 +147,48 @@ def test_replicate_removed_data_of_a_failure_is_still_a_failure():
 def test_replicate_failure_reason():
     obs = observation_from_prediction({"status": "failed", "error": "CUDA out of memory"}, NO_SECRETS)
     assert obs.state is TaskState.FAILED and obs.error == "CUDA out of memory"
+
+
+# Cancel-After from the job's give-up deadline: the whole seconds left, at
+# least 5 (the API's minimum), else no header.
+@pytest.mark.parametrize("left_s, header", [
+    (7200.0, "7200s"), (8.9, "8s"), (5.0, "5s"), (5.999, "5s"), (4.999, None), (0.0, None), (-30.0, None),
+])
+def test_replicate_cancel_after_from_the_deadline(left_s, header):
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert replicate_cancel_after(now + timedelta(seconds=left_s), now) == header
+
+
+def test_replicate_no_deadline_no_cancel_after():
+    assert replicate_cancel_after(None, datetime(2026, 1, 1, tzinfo=UTC)) is None
+
+
+DEADLINE = "2026-01-01T12:00:00.000000Z"
+
+
+# Stopped at its deadline: aborted (before it started), or canceled at or
+# after the `deadline` the prediction carries; a cancel before it is a
+# cancel. Either way the state is CANCELLED.
+@pytest.mark.parametrize("fields, at_deadline", [
+    ({"status": "aborted"}, True),
+    ({"status": "aborted", "deadline": DEADLINE, "completed_at": DEADLINE}, True),
+    ({"status": "canceled", "deadline": DEADLINE, "completed_at": DEADLINE}, True),
+    ({"status": "canceled", "deadline": DEADLINE, "completed_at": "2026-01-01T12:00:00.400000Z"}, True),
+    ({"status": "canceled", "deadline": DEADLINE, "completed_at": "2026-01-01T11:59:59.000000Z"}, False),
+    ({"status": "canceled", "completed_at": DEADLINE}, False),  # no Cancel-After was given
+    ({"status": "canceled", "deadline": DEADLINE, "completed_at": None}, False),
+    ({"status": "canceled", "deadline": "soon", "completed_at": DEADLINE}, False),
+    ({"status": "canceled", "deadline": "2026-01-01T12:00:00+00:00", "completed_at": DEADLINE}, True),
+])
+def test_replicate_stopped_at_its_deadline(fields, at_deadline):
+    obs = observation_from_prediction({**HELLO_WORLD, "output": None, **fields}, NO_SECRETS)
+    assert obs.state is TaskState.CANCELLED and obs.stopped_at_deadline is at_deadline
+
+
+def test_replicate_other_states_are_never_stopped_at_a_deadline():
+    for status in ("starting", "processing", "succeeded", "failed"):
+        body = {**HELLO_WORLD, "status": status, "deadline": DEADLINE, "completed_at": DEADLINE}
+        assert observation_from_prediction(body, NO_SECRETS).stopped_at_deadline is False
 
 
 # ------------------------------------------------------------------ fal
@@ -345,3 +388,18 @@ async def test_build_providers_makes_all_four_without_leaking_secrets():
         assert ".fal.media" in providers["fal"].facts.output_hosts
     finally:
         await close_providers(providers)
+
+
+def test_replicate_credentials_go_only_to_its_own_hosts():
+    from app.providers.replicate import ReplicateProvider
+
+    provider = ReplicateProvider("https://api.replicate.com", "r8_secret")
+    assert provider.download_credentials() == {"Authorization": "Bearer r8_secret"}
+    assert set(provider.facts.credential_hosts) == {"replicate.delivery", ".replicate.delivery", "api.replicate.com"}
+    assert "r8_secret" not in repr(provider.facts)
+    # The other adapters send nothing to any output host.
+    from app.providers.fal import FalProvider
+    from app.providers.kie import KieProvider
+    fal = FalProvider("https://queue.fal.run", "k", jwks_url="https://rest.fal.ai/.well-known/jwks.json")
+    assert fal.download_credentials() == {}
+    assert KieProvider("https://api.kie.ai", "k", secret_keys=[b"x" * 32]).download_credentials() == {}

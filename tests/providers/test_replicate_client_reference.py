@@ -142,6 +142,36 @@ def test_errors_are_replicate_errors(client, simulator):
     assert caught.value.status == 401
 
 
+def test_a_blocking_create_answers_the_finished_prediction(client):
+    # wait=n sends `Prefer: wait=n`: the simulator holds the answer until the end.
+    prediction = client.predictions.create(version=VERSION, input={"duration_s": 0.2, "output_text": "done"},
+                                           wait=5)
+    assert prediction.status == "succeeded" and prediction.output == "done"
+
+
+def test_a_throttled_create_is_the_documented_429(client, simulator):
+    before = stats(simulator)["tasks_created"]
+    set_faults(simulator, throttle=1)
+    with pytest.raises(replicate.exceptions.ReplicateError) as caught:
+        client.predictions.create(version=VERSION, input={"duration_s": 1})  # POST: the client never retries it
+    assert caught.value.status == 429 and caught.value.detail.startswith("Request was throttled.")
+    assert stats(simulator)["tasks_created"] == before
+
+
+async def test_our_adapter_reads_a_throttle_as_try_later(simulator):
+    from app.providers.base import Transient
+
+    set_faults(simulator, throttle=1)
+    provider = ReplicateProvider(f"{simulator}/replicate", TOKEN, webhook_secret="whsec_" + "A" * 32)
+    try:
+        with pytest.raises(Transient) as caught:
+            await provider.submit(SubmitRequest(job_id="job_t", model="acme/m", input={}, callback_url=None), "k")
+        assert caught.value.retry_after == 1
+    finally:
+        clear_faults(simulator)
+        await provider.aclose()
+
+
 # ------------------------------------------------------------------ a lost create answer, found again
 
 

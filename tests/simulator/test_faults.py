@@ -42,7 +42,7 @@ READS = {
 def test_faults_are_shown_set_replaced_and_cleared(client):
     assert client.get("/_sim/faults").json() == {
         "drop_webhook": 0.0, "duplicate_webhook": 0.0, "delay_webhook_s": 0.0, "submit_error": 0.0,
-        "submit_timeout_after_create": 0.0, "status_error": 0.0, "download_error": 0.0,
+        "submit_timeout_after_create": 0.0, "status_error": 0.0, "download_error": 0.0, "throttle": 0.0,
     }
     assert client.post("/_sim/faults", json={"status_error": 0.5}).json()["status_error"] == 0.5
     client.post("/_sim/faults", json={"drop_webhook": 1})
@@ -83,6 +83,30 @@ def test_status_error_answers_500_and_is_counted(client, protocol):
     client.delete("/_sim/faults")
     assert READS[protocol](client, response).status_code in (200, 202)
     assert client.get("/_sim/stats").json()["status_calls"] == 2
+
+
+# Each protocol's documented 429: Replicate's rate-limits page (`detail`
+# alone), KIE's code table (429 "Rate Limited" in the body's `code`), fal's
+# flat request-error shape (fal documents no 429 body), ours.
+THROTTLE_BODIES = {
+    "sim": lambda body: body == {"error": "rate limited"},
+    "replicate": lambda body: set(body) == {"detail"} and body["detail"].startswith("Request was throttled."),
+    "fal": lambda body: set(body) == {"detail"},
+    "kie": lambda body: body["code"] == 429 and body.get("msg", body.get("message")) == "Rate Limited",
+}
+
+
+@pytest.mark.parametrize("protocol", sorted(CREATES))
+def test_throttle_answers_the_documented_429_and_creates_nothing(client, protocol):
+    made = CREATES[protocol](client, {"duration_s": 5})
+    faults(client, throttle=1)
+    for response in (CREATES[protocol](client, {"duration_s": 1}), READS[protocol](client, made)):
+        assert response.status_code == 429
+        assert response.headers["retry-after"] == "1"
+        assert THROTTLE_BODIES[protocol](response.json())
+    assert created(client) == 1
+    client.delete("/_sim/faults")
+    assert READS[protocol](client, made).status_code in (200, 202)
 
 
 @pytest.mark.parametrize("protocol", sorted(CREATES))

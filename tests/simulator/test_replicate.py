@@ -11,6 +11,7 @@ import pytest
 
 from app.signing.webhooks import verify_standard_webhooks
 from app.simulator import create_app, output_sha256
+from app.simulator.replicate import parse_cancel_after, parse_prefer_wait
 
 from .helpers import ServedApp, wait_until
 
@@ -261,3 +262,82 @@ def test_after_the_output_lifetime_the_output_is_removed(client):
 def test_output_text_must_be_a_string(client):
     response = create(client, {"output_text": 3})
     assert response.status_code == 422 and "output_text" in response.json()["detail"]
+
+
+# ------------------------------------------------------- Cancel-After, Prefer: wait
+
+@pytest.mark.parametrize("value, seconds", [
+    ("30", 30), ("30s", 30), ("5", 5), ("5m", 300), ("1h30m45s", 5445), ("2h30m", 9000), ("1h", 3600),
+    (" 10s ", 10),
+])
+def test_cancel_after_durations_as_the_document_writes_them(value, seconds):
+    assert parse_cancel_after(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["4", "4s", "0", "", "s", "1d", "30m1h", "-5", "1.5s", "10 s", "abc"])
+def test_cancel_after_below_5_s_or_malformed_is_refused(value):
+    with pytest.raises(ValueError):
+        parse_cancel_after(value)
+
+
+@pytest.mark.parametrize("value, seconds", [(None, None), ("wait", 60), ("wait=1", 1), ("wait=60", 60),
+                                            ("wait=10", 10), ("wait=99", 60)])
+def test_prefer_wait_as_the_document_writes_it(value, seconds):
+    assert parse_prefer_wait(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["wait=0", "wait=100", "wait=05", "respond-async", "wait=", "wait=1.5"])
+def test_prefer_outside_the_documented_pattern_is_refused(value):
+    with pytest.raises(ValueError):
+        parse_prefer_wait(value)
+
+
+def test_a_deadline_before_the_start_aborts_and_one_while_running_cancels(client):
+    # duration 100 s: queued for the first 10 s. Cancel-After 5 s passes while
+    # it is still queued: aborted, never started.
+    queued = client.post("/replicate/v1/predictions", json={"version": "a/b:1", "input": {"duration_s": 100}},
+                         headers={**AUTH, "Cancel-After": "5s"}).json()
+    assert queued["status"] == "starting" and queued["deadline"] is not None
+    # duration 6 s: queued for 0.6 s, then running past its 5 s deadline.
+    running = client.post("/replicate/v1/predictions", json={"version": "a/b:1", "input": {"duration_s": 6}},
+                          headers={**AUTH, "Cancel-After": "5"}).json()
+    aborted = wait_until(lambda: (p := get(client, queued))["status"] != "starting" and p, 10, "the deadline")
+    assert aborted["status"] == "aborted" and aborted["started_at"] is None and aborted["output"] is None
+    assert aborted["completed_at"] >= aborted["deadline"]
+    canceled = wait_until(lambda: (p := get(client, running))["status"] in ("canceled", "succeeded") and p, 10,
+                          "the deadline")
+    assert canceled["status"] == "canceled" and canceled["started_at"] is not None
+    assert canceled["completed_at"] >= canceled["deadline"]
+    # Without the header there is no deadline field (it is optional).
+    assert "deadline" not in create(client, {"duration_s": 1}).json()
+
+
+def test_a_bad_cancel_after_creates_nothing(client):
+    response = client.post("/replicate/v1/predictions", json={"version": "a/b:1", "input": {}},
+                           headers={**AUTH, "Cancel-After": "2s"})
+    assert response.status_code == 422 and "at least 5 seconds" in response.json()["detail"]
+    assert client.get("/_sim/stats").json()["tasks_created"] == 0
+
+
+def test_prefer_wait_answers_the_finished_prediction(client):
+    response = client.post("/replicate/v1/predictions", json={"version": "a/b:1", "input": {"duration_s": 0.3}},
+                           headers={**AUTH, "Prefer": "wait=5"})
+    assert response.status_code == 201 and response.headers["preference-applied"] == "wait=5"
+    assert response.json()["status"] == "succeeded" and response.json()["output"]
+
+
+def test_prefer_wait_gives_up_at_its_limit_with_the_prediction_still_running(client):
+    started = time.monotonic()
+    response = client.post("/replicate/v1/predictions", json={"version": "a/b:1", "input": {"duration_s": 30}},
+                           headers={**AUTH, "Prefer": "wait=1"})
+    assert time.monotonic() - started >= 0.9
+    assert response.status_code == 201 and response.json()["status"] in ("starting", "processing")
+
+
+def test_an_aborted_prediction_sends_its_completed_webhook(client, receiver):
+    client.post("/replicate/v1/predictions",
+                json={"version": "a/b:1", "input": {"duration_s": 100}, "webhook": receiver.url,
+                      "webhook_events_filter": ["completed"]},
+                headers={**AUTH, "Cancel-After": "5s"})
+    delivery = receiver.wait_for(1, timeout=15)[0]
+    assert json.loads(delivery.body)["status"] == "aborted"
