@@ -20,6 +20,9 @@ REPLICATE_URL = "https://api.replicate.com"
 FAL_QUEUE_URL = "https://queue.fal.run"
 FAL_JWKS_URL = "https://rest.alpha.fal.ai/.well-known/jwks.json"
 KIE_URL = "https://api.kie.ai"
+AI_GATEWAY_URL = "https://ai-gateway.vercel.sh/v4/ai"
+GEMINI_URL = "https://generativelanguage.googleapis.com"
+ELEVENLABS_URL = "https://api.elevenlabs.io"
 PROVIDERS = tuple(ProviderName)  # every provider longcall has an adapter for
 # The query parameter of a callback URL that carries our capability token.
 CALLBACK_TOKEN = "token"
@@ -97,6 +100,12 @@ class Settings:
     # after submit to ask the provider anyway when a webhook is registered).
     stale_after_s: float | None = None
     settler_lease_s: float = 60.0
+    ai_gateway_api_key: str | None = None
+    ai_gateway_base_url: str = AI_GATEWAY_URL
+    gemini_api_key: str | None = None
+    gemini_base_url: str = GEMINI_URL
+    elevenlabs_api_key: str | None = None
+    elevenlabs_base_url: str = ELEVENLABS_URL
     # A download that receives no byte for this long (waiting for the answer
     # or between two chunks) fails and is retried later; the total stays capped.
     download_stall_timeout_s: float = 15.0
@@ -112,8 +121,13 @@ class Settings:
             raise ConfigError("DATABASE_URL is required")
         return self.database_url
 
-    def give_up_after(self, provider: str) -> float:
-        return self.give_up_after_s_by_provider.get(provider, self.give_up_after_s)
+    def give_up_after(self, provider: str, model_default: float | None = None) -> float:
+        """A new job's give-up, in seconds: GIVE_UP_AFTER_S_<PROVIDER> when
+        set, else the adapter's default for the model, else GIVE_UP_AFTER_S."""
+        chosen = self.give_up_after_s_by_provider.get(provider)
+        if chosen is None:
+            chosen = model_default if model_default is not None else self.give_up_after_s
+        return chosen
 
     @property
     def secret_key(self) -> bytes:
@@ -124,7 +138,9 @@ class Settings:
         simulator when SIM_URL is unset (provider `sim` is then not built)."""
         urls: dict[str, str | None] = {
             ProviderName.SIM: self.sim_url, ProviderName.REPLICATE: self.replicate_base_url,
-            ProviderName.FAL: self.fal_base_url, ProviderName.KIE: self.kie_base_url}
+            ProviderName.FAL: self.fal_base_url, ProviderName.KIE: self.kie_base_url,
+            ProviderName.GATEWAY: self.ai_gateway_base_url, ProviderName.GEMINI: self.gemini_base_url,
+            ProviderName.ELEVENLABS: self.elevenlabs_base_url}
         return urls.get(provider)
 
     def plain_http_origins(self, provider: str) -> frozenset[str]:
@@ -227,4 +243,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         stale_after_s=_float(env, "STALE_AFTER_S", 0.0, minimum=1.0) if env.get("STALE_AFTER_S") else None,
         download_stall_timeout_s=_float(env, "DOWNLOAD_STALL_TIMEOUT_S", 15.0, minimum=0.1),
         downloads_per_host=_int(env, "DOWNLOADS_PER_HOST", 4, minimum=1),
+        ai_gateway_api_key=env.get("AI_GATEWAY_API_KEY") or None,
+        ai_gateway_base_url=_url(env, "AI_GATEWAY_BASE_URL", AI_GATEWAY_URL),
+        gemini_api_key=env.get("GEMINI_API_KEY") or None,
+        gemini_base_url=_url(env, "GEMINI_BASE_URL", GEMINI_URL),
+        elevenlabs_api_key=env.get("ELEVENLABS_API_KEY") or None,
+        elevenlabs_base_url=_url(env, "ELEVENLABS_BASE_URL", ELEVENLABS_URL),
     )

@@ -72,12 +72,16 @@ def _prepare_environment():
     os.environ.setdefault("STORAGE_URL", "file://" + str((STATE_DIR / "objects").resolve()))
     sim_url = (os.environ.get("SIM_URL") or DEV_SIM_URL).rstrip("/")
     os.environ["SIM_URL"] = sim_url
-    for provider, key_var, base_var in ((ProviderName.REPLICATE, "REPLICATE_API_TOKEN", "REPLICATE_BASE_URL"),
-                                        (ProviderName.FAL, "FAL_KEY", "FAL_BASE_URL"),
-                                        (ProviderName.KIE, "KIE_API_KEY", "KIE_BASE_URL")):
+    for provider, key_var, base_var, path in (
+            (ProviderName.REPLICATE, "REPLICATE_API_TOKEN", "REPLICATE_BASE_URL", "/replicate"),
+            (ProviderName.FAL, "FAL_KEY", "FAL_BASE_URL", "/fal"),
+            (ProviderName.KIE, "KIE_API_KEY", "KIE_BASE_URL", "/kie"),
+            (ProviderName.GATEWAY, "AI_GATEWAY_API_KEY", "AI_GATEWAY_BASE_URL", "/gateway/v4/ai"),
+            (ProviderName.GEMINI, "GEMINI_API_KEY", "GEMINI_BASE_URL", "/gemini"),
+            (ProviderName.ELEVENLABS, "ELEVENLABS_API_KEY", "ELEVENLABS_BASE_URL", "/elevenlabs")):
         if not os.environ.get(key_var):
             os.environ[key_var] = "simulated"
-            os.environ[base_var] = f"{sim_url}/{provider}"
+            os.environ[base_var] = sim_url + path
             if provider == ProviderName.FAL:
                 os.environ["FAL_JWKS_URL"] = f"{sim_url}/fal/.well-known/jwks.json"
     return pg

@@ -129,6 +129,9 @@ class DownloadPolicy:
     # its host is one of these; never to another host, never after a redirect.
     credential_hosts: tuple[str, ...] = ()
     credentials: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # Any https host will do (the allowlist is not consulted): every other
+    # check — public addresses only, no userinfo, the redirect limit — holds.
+    any_host: bool = False
 
     def credentials_for(self, url: httpx.URL, hop: int) -> Mapping[str, str]:
         """The headers carrying credentials for the request to `url`, the
@@ -202,7 +205,7 @@ def _parse_checked(url: str, policy: DownloadPolicy) -> httpx.URL:
     is_plain_origin = origin(parsed) in policy.plain_http_origins
     if scheme == "http" and not is_plain_origin:
         raise Refused(f"refused: plain http is not allowed for {describe(parsed)}")
-    if not is_plain_origin and not host_allowed(host, policy.allowed_hosts):
+    if not is_plain_origin and not policy.any_host and not host_allowed(host, policy.allowed_hosts):
         raise Refused(f"refused: host {host!r} is not in the provider's allowlist")
     return parsed
 

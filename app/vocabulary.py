@@ -141,6 +141,20 @@ class ProviderName(StrEnum):
     REPLICATE = "replicate"
     FAL = "fal"
     KIE = "kie"
+    GATEWAY = "gateway"
+    GEMINI = "gemini"
+    ELEVENLABS = "elevenlabs"
+
+
+class UsageUnit(StrEnum):
+    """What a task's usage is measured in (jobs.usage)."""
+
+    SECONDS = "seconds"  # of audio or video produced
+    CHARACTERS = "characters"
+    INPUT_TOKENS = "input_tokens"
+    OUTPUT_TOKENS = "output_tokens"
+    CREDITS = "credits"  # the provider's own cost, in our credits (the native protocol)
+    USD = "usd"  # the provider's own cost in dollars (the Gateway's)
 
 
 def sql_list(values: tuple[str, ...] | list[str]) -> str:

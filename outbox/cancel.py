@@ -24,6 +24,10 @@ async def cancel(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
         # queues this intent again.
         return DONE
     provider = ctx.providers[record.provider]
+    if not provider.facts.can_cancel:
+        # No way to stop it: the job was closed and refunded here; the
+        # provider may still run the task, and bill it (README: Providers).
+        return DONE
     try:
         await provider.cancel(record.task)
     except ProviderError as e:

@@ -38,8 +38,9 @@ class Context:
         _remove_orphaned_download_dirs()
         download_dir = os.path.join(tempfile.gettempdir(), f"{DOWNLOAD_DIR_PREFIX}{os.getpid()}")
         os.makedirs(download_dir, exist_ok=True)
-        return cls(settings=settings, pool=pool,
-                   providers=build_providers(settings, timeout_s=provider_timeout_s or settings.provider_timeout_s),
+        providers = build_providers(settings, timeout_s=provider_timeout_s or settings.provider_timeout_s,
+                                    spool_dir=download_dir)
+        return cls(settings=settings, pool=pool, providers=providers,
                    storage=open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url),
                    secretbox=SecretBox(settings.secret_keys), metrics=Metrics(),
                    download_dir=download_dir, host_limiter=HostLimiter(settings.downloads_per_host))
@@ -54,7 +55,8 @@ class Context:
                               stall_timeout_s=self.settings.download_stall_timeout_s,
                               host_limiter=self.host_limiter,
                               credential_hosts=provider.facts.credential_hosts,
-                              credentials=provider.download_credentials())
+                              credentials=provider.download_credentials(),
+                              any_host=provider.facts.outputs_from_any_host)
 
     async def close(self) -> None:
         await close_providers(self.providers)

@@ -21,6 +21,7 @@ from app.domain.record import JobRecord
 from app.download_errors import DownloadError, HostBusy, OutputGone, OutputTooLarge, Refused
 from app.providers.base import (
     Observation,
+    OutputFile,
     OutputValue,
     ProviderError,
     ProviderFacts,
@@ -29,6 +30,7 @@ from app.providers.base import (
     TaskState,
     Transient,
     Uncertain,
+    Usage,
 )
 from app.vocabulary import TERMINAL, JobError, JobStatus
 from outbox import policy
@@ -76,12 +78,19 @@ class AskProvider:
 @dataclass(frozen=True)
 class StoreOutputs:
     """Settle: the task succeeded. Copy every output into our storage (the
-    URLs downloaded, then the values as they are, indexed in that order),
-    then close the job succeeded, charged `charge`."""
+    URLs downloaded, then the files the adapter wrote, then the values as
+    they are, indexed in that order), then close the job succeeded, charged
+    `charge`, with the usage measured."""
 
     urls: tuple[str, ...]
     charge: int
     values: tuple[OutputValue, ...] = ()
+    url_labels: tuple[str | None, ...] = ()
+    files: tuple[OutputFile, ...] = ()
+    usage: tuple[Usage, ...] = ()
+
+    def url_label(self, index: int) -> str | None:
+        return self.url_labels[index] if index < len(self.url_labels) else None
 
 
 @dataclass(frozen=True)
@@ -207,7 +216,8 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
         # A success whose outputs are gone is not a success: nothing to deliver, nothing to charge.
         return Close(JobStatus.FAILED, JobError.OUTPUT_EXPIRED, OUTPUTS_REMOVED)
     return StoreOutputs(tuple(seen.output_urls), states.charge_for(job.credits_reserved, seen.cost),
-                        values=tuple(seen.values))
+                        values=tuple(seen.values), url_labels=tuple(seen.url_labels), files=tuple(seen.files),
+                        usage=tuple(seen.usage))
 
 
 def after_confirm(task_id: str, confirmed: Submitted | ProviderError | None, *, attempts: int) -> ClaimDecision:

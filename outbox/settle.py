@@ -49,8 +49,9 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     if record is None:
         return DONE
     provider = ctx.providers[record.provider]
+    facts = provider.facts_for(record.model)
     now = dt.datetime.now(dt.UTC)
-    decision = decide.settle(record, None, now=now, attempts=attempts, facts=provider.facts)
+    decision = decide.settle(record, None, now=now, attempts=attempts, facts=facts)
     if isinstance(decision, decide.ConfirmClaim):
         return await _confirm_claim(ctx, record, provider, decision.task_id, attempts)
     if not isinstance(decision, decide.AskProvider):
@@ -64,8 +65,12 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
         seen = e
     else:
         ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.OK)
-    decision = decide.settle(record, seen, now=now, attempts=attempts, facts=provider.facts)
-    outcome = await _carry_out(ctx, record, provider, decision, attempts)
+    try:
+        decision = decide.settle(record, seen, now=now, attempts=attempts, facts=facts)
+        outcome = await _carry_out(ctx, record, provider, decision, attempts)
+    finally:
+        if isinstance(seen, Observation):
+            _remove_files(seen)  # the adapter's files of an answer not stored (or already moved)
     if isinstance(decision, (decide.Close, decide.StoreOutputs)):
         SETTLE_SECONDS.labels(provider.name, type(outcome).__name__.lower()).observe(time.monotonic() - started)
     return outcome
@@ -114,6 +119,14 @@ async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.Se
     raise TypeError(f"a settle step cannot carry out {decision!r}")
 
 
+def _remove_files(seen: Observation) -> None:
+    for file in seen.files:
+        try:
+            os.unlink(file.path)
+        except FileNotFoundError:
+            pass
+
+
 def _spool(value: OutputValue, directory: str, max_bytes: int) -> Downloaded:
     """A value output as a file in `directory`, like a download's: the
     storage takes every output the same way, by path, sha256 and size."""
@@ -134,7 +147,7 @@ def _spool(value: OutputValue, directory: str, max_bytes: int) -> Downloaded:
 
 
 async def _succeed(ctx: Context, job: JobRecord, provider, store: decide.StoreOutputs, attempts: int) -> Outcome:
-    downloaded: list[Downloaded] = []
+    downloaded: list[tuple[Downloaded, str | None]] = []  # each output's file and label, in index order
     try:
         policy_ = ctx.download_policy(provider)
         for index, url in enumerate(store.urls):
@@ -143,32 +156,36 @@ async def _succeed(ctx: Context, job: JobRecord, provider, store: decide.StoreOu
             except DownloadError as e:
                 return await _carry_out(ctx, job, provider, decide.after_download_error(index, e, attempts),
                                         attempts)
-            downloaded.append(got)
+            downloaded.append((got, store.url_label(index)))
             DOWNLOAD_BYTES.observe(got.bytes)
-        for index, value in enumerate(store.values, start=len(store.urls)):
+        for file in store.files:
+            downloaded.append((Downloaded(file.path, file.bytes, file.sha256, file.content_type), file.label))
+        for index, value in enumerate(store.values, start=len(downloaded)):
             try:
                 got = await asyncio.to_thread(_spool, value, ctx.download_dir, policy_.max_bytes)
             except DownloadError as e:
                 return await _carry_out(ctx, job, provider, decide.after_download_error(index, e, attempts),
                                         attempts)
-            downloaded.append(got)
+            downloaded.append((got, value.label))
         assets = []
-        for index, got in enumerate(downloaded):
+        for index, (got, label) in enumerate(downloaded):
             key = object_key(job.owner_id, job.id, index)
             try:
                 await ctx.storage.put_file(key, got.path, got.content_type, got.sha256, got.bytes)
             except Exception as e:  # storage down: keep the intent, move no money
                 log.warning("storage write failed", extra={"job_id": job.id, "error": type(e).__name__})
                 return decide.later(decide.after_store_error(index, e, attempts))
-            assets.append(jobs.Asset(index, key, got.bytes, got.sha256, got.content_type))
+            assets.append(jobs.Asset(index, key, got.bytes, got.sha256, got.content_type, label))
     finally:
-        for got in downloaded:
+        for got, _ in downloaded:
             try:
                 os.unlink(got.path)
             except FileNotFoundError:
                 pass
+    usage = [{"unit": u.unit.value, "amount": u.amount} for u in store.usage] or None
     async with ctx.pool.acquire() as conn:
-        closed = await jobs.close(conn, job.id, JobStatus.SUCCEEDED, charge=store.charge, assets=assets)
+        closed = await jobs.close(conn, job.id, JobStatus.SUCCEEDED, charge=store.charge, assets=assets,
+                                  usage=usage)
     if closed is not None:
         ctx.metrics.job_finished(provider.name, JobStatus.SUCCEEDED, closed)
         log.info("job succeeded", extra={"job_id": job.id, "owner": job.owner_id, "provider": provider.name,

@@ -35,7 +35,7 @@ async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     request = SubmitRequest(job_id=job_id, model=record.model, input=record.input,
                             callback_url=ctx.settings.callback_url(provider.name, job_id),
                             first_attempt_at=record.provider_call_started_at, deadline_at=record.deadline_at)
-    facts, callback_url = provider.facts, request.callback_url
+    facts, callback_url = provider.facts_for(record.model), request.callback_url
 
     decision: decide.SubmitDecision = decide.submit(record, None, now=_now(), attempts=attempts, facts=facts,
                                                     callback_url=callback_url)

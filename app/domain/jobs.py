@@ -13,7 +13,7 @@ import datetime as dt
 import enum
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +126,7 @@ async def _replay(conn, owner_id: str, request_key: str, digest: bytes) -> Creat
 
 _OUTPUTS = """
 coalesce((select json_agg(json_build_object('index', a.index, 'content_type', a.content_type,
-                                            'bytes', a.bytes, 'sha256', a.sha256,
+                                            'bytes', a.bytes, 'sha256', a.sha256, 'label', a.label,
                                             'storage_key', a.storage_key) order by a.index)
           from assets a where a.job_id = j.id), '[]'::json) as outputs
 """
@@ -183,14 +183,15 @@ async def load_many(conn, job_ids: list[str]) -> dict[str, asyncpg.Record]:
 
 # $1 job, $2 new status, $3 charge (capped at the reservation here), $4/$5
 # error code/message, $6 statuses it may close from, $7 queue a provider cancel
-# when a task may exist, $8.. assets (index, key, bytes, sha256, type).
+# when a task may exist, $8.. assets (index, key, bytes, sha256, type, label),
+# $14 the usage measured (JSON array; null keeps what is there).
 CLOSE = f"""
 with j as (
     update jobs set status = $2,
         credits_charged = least($3::bigint, credits_reserved),
         credits_refunded = credits_reserved - least($3::bigint, credits_reserved),
         error_code = $4, error_message = $5, webhook_secret = null, claimed_task_id = null,
-        finished_at = now(), updated_at = now()
+        usage = coalesce($14::jsonb, usage), finished_at = now(), updated_at = now()
     where id = $1 and status = any($6::text[])
     returning id, owner_id, credits_reserved, credits_charged, credits_refunded,
               provider_task_id, provider_call_started_at
@@ -216,12 +217,13 @@ with j as (
     on conflict (job_id, kind) do nothing
     returning 1
 ), stored as (
-    insert into assets (job_id, index, storage_key, bytes, sha256, content_type)
-    select j.id, a.index, a.key, a.bytes, a.sha256, a.content_type
-    from j cross join unnest($8::int[], $9::text[], $10::bigint[], $11::text[], $12::text[])
-         as a(index, key, bytes, sha256, content_type)
+    insert into assets (job_id, index, storage_key, bytes, sha256, content_type, label)
+    select j.id, a.index, a.key, a.bytes, a.sha256, a.content_type, a.label
+    from j cross join unnest($8::int[], $9::text[], $10::bigint[], $11::text[], $12::text[], $13::text[])
+         as a(index, key, bytes, sha256, content_type, label)
     on conflict (job_id, index) do update set storage_key = excluded.storage_key,
-        bytes = excluded.bytes, sha256 = excluded.sha256, content_type = excluded.content_type
+        bytes = excluded.bytes, sha256 = excluded.sha256, content_type = excluded.content_type,
+        label = excluded.label
 )
 select j.id, j.owner_id, j.credits_charged, j.credits_refunded,
        pg_notify('{JOBS_CHANNEL}', j.id),
@@ -239,6 +241,7 @@ class Asset:
     bytes: int
     sha256: str
     content_type: str | None
+    label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -252,8 +255,8 @@ class Closed:
 
 async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_code: str | None = None,
                 error_message: str | None = None, cancel_at_provider: bool = False,
-                assets: Sequence[Asset] = (), from_statuses: Sequence[str] | None = None
-                ) -> Closed | None:
+                assets: Sequence[Asset] = (), from_statuses: Sequence[str] | None = None,
+                usage: Sequence[Mapping[str, Any]] | None = None) -> Closed | None:
     """Make the job terminal, with its charge/refund, slot release, secret
     erasure and intent cleanup. None when the job was not in a state this
     transition may start from (someone else closed it first)."""
@@ -268,7 +271,8 @@ async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_
         list(from_statuses or states.CLOSE_FROM[status]),
         cancel_at_provider,
         [a.index for a in assets], [a.storage_key for a in assets], [a.bytes for a in assets],
-        [a.sha256 for a in assets], [a.content_type for a in assets])
+        [a.sha256 for a in assets], [a.content_type for a in assets], [a.label for a in assets],
+        None if usage is None else list(usage))
     if row is None:
         return None
     return Closed(row["id"], row["owner_id"], row["credits_charged"], row["credits_refunded"],

@@ -16,12 +16,18 @@ if TYPE_CHECKING:
 KNOWN_PROVIDERS = tuple(ProviderName)
 
 
-def build_providers(settings: Settings, *, timeout_s: float = 30.0) -> dict[str, Provider]:
+def build_providers(settings: Settings, *, timeout_s: float = 30.0,
+                    spool_dir: str | None = None) -> dict[str, Provider]:
     """One adapter per configured provider, each with its own HTTP client
     (close them with `close_providers`). `sim` exists only when SIM_URL is
-    set: a name that is not built is an unknown provider to the web tier."""
+    set: a name that is not built is an unknown provider to the web tier.
+    `spool_dir`: where adapters write outputs that came inline in an answer
+    (the settler's download directory; None: the system's temp directory)."""
     # Imported here so that importing `app.providers.base` stays light.
+    from app.providers.elevenlabs import ElevenLabsProvider
     from app.providers.fal import FalProvider
+    from app.providers.gateway import GatewayProvider
+    from app.providers.gemini import GeminiProvider
     from app.providers.kie import KieProvider
     from app.providers.replicate import ReplicateProvider
     from app.providers.sim import SimProvider
@@ -46,6 +52,13 @@ def build_providers(settings: Settings, *, timeout_s: float = 30.0) -> dict[str,
         settings.kie_base_url, settings.kie_api_key,
         secret_keys=settings.secret_keys, timeout_s=timeout_s, **stale,
     )
+    inline: dict[str, Any] = {"max_output_bytes": settings.max_output_bytes, "spool_dir": spool_dir}
+    providers[ProviderName.GATEWAY] = GatewayProvider(
+        settings.ai_gateway_base_url, settings.ai_gateway_api_key, timeout_s=timeout_s, **inline, **stale)
+    providers[ProviderName.GEMINI] = GeminiProvider(
+        settings.gemini_base_url, settings.gemini_api_key, timeout_s=timeout_s, **inline, **stale)
+    providers[ProviderName.ELEVENLABS] = ElevenLabsProvider(
+        settings.elevenlabs_base_url, settings.elevenlabs_api_key, timeout_s=timeout_s, **stale)
     return providers
 
 

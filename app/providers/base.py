@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.vocabulary import TaskState as TaskState  # adapters name it from here
+from app.vocabulary import UsageUnit as UsageUnit
 
 
 class ProviderError(Exception):
@@ -85,16 +86,44 @@ class OutputValue:
 
 
 @dataclass(frozen=True)
+class OutputFile:
+    """An output the adapter already wrote to a file of its own while it
+    read the provider's answer (bytes inline in it: the Gateway's `base64`
+    videos), with the cap, size and sha256 of what it wrote. The settle step
+    moves it into storage, and removes it whatever happens."""
+
+    path: str
+    bytes: int
+    sha256: str
+    content_type: str | None
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One measure of what a task used, as the provider reported it (or as
+    we measured it): seconds of video, characters, tokens, the provider's
+    own cost. Recorded on the job; priced by the models file."""
+
+    unit: UsageUnit
+    amount: float
+
+
+@dataclass(frozen=True)
 class Observation:
     """What the provider says about a task right now. A success's outputs are
-    `output_urls` (downloaded) then `values` (stored as they are), indexed in
-    that order."""
+    `output_urls` (downloaded, each named by the label at its place in
+    `url_labels`, if any), then `files` (written by the adapter), then
+    `values` (stored as they are), indexed in that order."""
 
     state: TaskState
     output_urls: tuple[str, ...] = ()
     cost: int | None = None  # credits, when the provider reports a cost
     error: str | None = None  # the provider's reason for a failure
     values: tuple[OutputValue, ...] = ()
+    url_labels: tuple[str | None, ...] = ()
+    files: tuple[OutputFile, ...] = ()
+    usage: tuple[Usage, ...] = ()
     # The provider says the outputs no longer exist (Replicate's `data_removed`).
     output_removed: bool = False
     # A cancelled task that the provider stopped at the deadline it was
@@ -152,6 +181,15 @@ class ProviderFacts:
     # Output hosts that are the provider's own and get its credentials on a
     # download (`Provider.download_credentials`); no other host ever does.
     credential_hosts: tuple[str, ...] = ()
+    # Outputs may come from any public https host (the Gateway's are on
+    # whichever upstream served the job): every other guard still holds.
+    outputs_from_any_host: bool = False
+    # The provider can be asked to stop a task. Without, a cancelled job is
+    # closed and refunded here while the provider may run (and bill) it.
+    can_cancel: bool = True
+    # The job's give-up deadline, seconds after it is created; None: the
+    # settings' (GIVE_UP_AFTER_S, GIVE_UP_AFTER_S_<PROVIDER>).
+    give_up_after_s: float | None = None
 
     def poll_delay(self, age_s: float) -> float:
         """The wait before the next check of a task submitted `age_s` ago.
@@ -175,6 +213,13 @@ class Provider:
     @property
     def name(self) -> str:
         return self.facts.name
+
+    def facts_for(self, model: str) -> ProviderFacts:
+        """The facts of jobs of `model`: timings (stale threshold, poll
+        schedule, output lifetime, give-up) may differ by model — a lip-sync
+        runs for an hour, an image for seconds. Pure; the provider's own
+        facts by default."""
+        return self.facts
 
     async def submit(self, request: SubmitRequest, idempotency_key: str) -> Submitted:
         raise NotImplementedError
@@ -222,6 +267,12 @@ class Provider:
         except Rejected:
             return None
         return Submitted(task_id=task_id)
+
+    def is_final_webhook(self, webhook: WebhookRequest) -> bool:
+        """Whether a verified delivery announces an end (or may: the settle
+        step asks the provider). False for stage reports (Suno's `text` and
+        `first` callbacks): accepted, and nothing is settled. Pure."""
+        return True
 
     def download_credentials(self) -> Mapping[str, str]:
         """Headers an output download sends to `facts.credential_hosts` (and

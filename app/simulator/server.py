@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.simulator import admin, fal, kie, native, replicate
+from app.simulator import admin, elevenlabs, fal, gateway, gemini, kie, native, replicate
 from app.simulator.engine import DEFAULT_HOLD_S, Simulator
 from app.simulator.outputs import get_output
 from app.simulator.webhooks import DEFAULT_RETRY_DELAYS
@@ -50,6 +50,9 @@ def create_app(
         replicate.PROTOCOL: replicate.render_webhook,
         fal.PROTOCOL: fal.render_webhook,
         kie.PROTOCOL: kie.render_webhook,
+        gateway.PROTOCOL: gateway.render_webhook,
+        gemini.PROTOCOL: gemini.render_webhook,
+        elevenlabs.PROTOCOL: elevenlabs.render_webhook,
     })
 
     @contextlib.asynccontextmanager
@@ -64,6 +67,9 @@ def create_app(
         *replicate.routes,
         *fal.routes,
         *kie.routes,
+        *gateway.routes,
+        *gemini.routes,
+        *elevenlabs.routes,
         *admin.routes,
         Route("/outputs/{task_id}/{index}", get_output, methods=["GET", "HEAD"]),
     ]

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from app.config import PROVIDERS
-from app.ids import JOB_ID
+from app.ids import JOB_ID, OWNER_ID
 from app.vocabulary import ALL_STATUSES, API_ERROR_STATUS, ApiErrorCode, JobError, JobStatus
 from app.web.body import (
     IDEMPOTENCY_KEY_PATTERN,
@@ -87,16 +87,20 @@ SCHEMAS = {
             "max_credits": {"type": "integer", "minimum": 1, "maximum": MAX_CREDITS}}},
     "Output": {
         "type": "object", "additionalProperties": False,
-        "required": ["index", "url", "content_type", "bytes", "sha256"],
+        "required": ["index", "url", "content_type", "bytes", "sha256", "label"],
         "properties": {"index": {"type": "integer", "minimum": 0}, "url": _STRING,
                        "content_type": {"type": ["string", "null"]}, "bytes": {"type": "integer", "minimum": 0},
-                       "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
+                       "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                       "label": {"type": ["string", "null"],
+                                 "description": "names the output when a task has several kinds "
+                                                "(a dubbing language, a track)"}}},
     "Job": {
         "type": "object", "additionalProperties": False,
-        "required": ["id", "status", "provider", "model", "input", "created_at", "updated_at", "finished_at",
-                     "credits", "outputs", "error", "status_url"],
+        "required": ["id", "owner_id", "status", "provider", "model", "input", "created_at", "updated_at",
+                     "finished_at", "credits", "outputs", "error", "status_url"],
         "properties": {
             "id": {"type": "string", "pattern": JOB_ID.pattern},
+            "owner_id": {"type": "string", "pattern": OWNER_ID.pattern},
             "status": {"type": "string", "enum": [s.value for s in ALL_STATUSES]},
             "provider": {"type": "string", "enum": list(PROVIDERS)},
             "model": _STRING,

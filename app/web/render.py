@@ -15,7 +15,8 @@ def render_job(row, read_token: str, *, token_in_urls: bool = False) -> dict:
     suffix = f"?token={quote(read_token)}" if token_in_urls else ""
     outputs = [
         {"index": a["index"], "url": f"/v1/jobs/{job_id}/outputs/{a['index']}{suffix}",
-         "content_type": a["content_type"], "bytes": a["bytes"], "sha256": a["sha256"]}
+         "content_type": a["content_type"], "bytes": a["bytes"], "sha256": a["sha256"],
+         "label": a.get("label")}
         for a in row["outputs"]
     ]
     error = None
@@ -23,6 +24,7 @@ def render_job(row, read_token: str, *, token_in_urls: bool = False) -> dict:
         error = {"code": row["error_code"], "message": row["error_message"] or row["error_code"]}
     return {
         "id": job_id,
+        "owner_id": row["owner_id"],
         "status": row["status"],
         "provider": row["provider"],
         "model": row["model"],

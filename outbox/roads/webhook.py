@@ -30,7 +30,8 @@ IN_DOUBT = (JobStatus.SUBMITTING, JobStatus.UNCERTAIN)
 
 async def accept(pool, provider: Provider, secretbox: SecretBox, keys: Sequence[bytes], job_id: str,
                  headers: Mapping[str, str], query: Mapping[str, str], raw_body: bytes) -> bool:
-    """True when the webhook is genuine and a settle was requested. Every
+    """True when the webhook is genuine and a settle was requested (or it
+    is a stage report that asks for none: Suno's `text` and `first`). Every
     failure (no or another job's token, unknown job, closed job, bad
     signature) is the same False."""
     # Ours first: a pure HMAC check, so a delivery without our token costs no database read.
@@ -50,6 +51,8 @@ async def accept(pool, provider: Provider, secretbox: SecretBox, keys: Sequence[
     claimed = provider.webhook_task_id(webhook) if row["provider_task_id"] is None \
         and row["status"] in IN_DOUBT else None
     if claimed is None:
+        if not provider.is_final_webhook(webhook):
+            return True  # accepted; the end will come (its own webhook, or a timer)
         # One statement: requested only if the job is still open (closed
         # while we verified: nothing to do).
         return await intents.request(pool, job_id, IntentKind.SETTLE)
