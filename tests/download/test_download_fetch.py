@@ -353,6 +353,14 @@ async def test_allowed_name_resolving_inside_is_refused(tmp_path, answers):
     assert leftovers(tmp_path) == []
 
 
+async def test_any_host_still_refuses_a_name_resolving_inside(tmp_path):
+    dns = FakeDns({"upstream.example": ["10.1.2.3"]})
+    policy = DownloadPolicy(allowed_hosts=(), plain_http_origins=frozenset(), max_bytes=MiB, any_host=True)
+    with pytest.raises(Refused, match="non-public"):
+        await download_to_file("https://upstream.example/v.mp4", policy, str(tmp_path), resolve=dns)
+    assert leftovers(tmp_path) == []
+
+
 async def test_plain_origin_may_be_loopback_but_not_private(outputs, tmp_path):
     dns = FakeDns({"sim.test": ["10.1.1.1"]})
     origin = f"http://sim.test:{outputs.port}"

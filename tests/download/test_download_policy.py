@@ -116,3 +116,25 @@ def test_host_allowed(host, allowed):
 ])
 def test_is_public_address(address, public):
     assert is_public_address(ipaddress.ip_address(address)) is public
+
+
+# Any public https host (the Gateway's outputs are on whichever upstream
+# served the job): the allowlist is not consulted, every other check holds.
+ANY_HOST = DownloadPolicy(allowed_hosts=(), plain_http_origins=frozenset(), max_bytes=1024, any_host=True)
+
+
+@pytest.mark.parametrize("url", ["https://cdn.example.com/v.mp4", "https://storage.googleapis.com/b/o?sig=1",
+                                 "https://93.184.216.34/x"])
+def test_any_host_allows_any_https_host(url):
+    check_url(url, ANY_HOST)
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://cdn.example.com/v.mp4", "plain http"),
+    ("https://user:pw@cdn.example.com/x", "credentials"),
+    ("ftp://cdn.example.com/x", "scheme"),
+    ("https://exa mple.com/x", "valid"),
+])
+def test_any_host_keeps_every_other_check(url, why):
+    with pytest.raises(Refused, match=why):
+        check_url(url, ANY_HOST)
