@@ -106,6 +106,9 @@ class Settings:
     gemini_base_url: str = GEMINI_URL
     elevenlabs_api_key: str | None = None
     elevenlabs_base_url: str = ELEVENLABS_URL
+    # KIE's optional webhook signature (its account settings' webhookHmacKey):
+    # when set, a KIE callback must carry it too, besides our capability token.
+    kie_webhook_hmac_key: str | None = None
     # A download that receives no byte for this long (waiting for the answer
     # or between two chunks) fails and is retried later; the total stays capped.
     download_stall_timeout_s: float = 15.0
@@ -249,4 +252,5 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         gemini_base_url=_url(env, "GEMINI_BASE_URL", GEMINI_URL),
         elevenlabs_api_key=env.get("ELEVENLABS_API_KEY") or None,
         elevenlabs_base_url=_url(env, "ELEVENLABS_BASE_URL", ELEVENLABS_URL),
+        kie_webhook_hmac_key=env.get("KIE_WEBHOOK_HMAC_KEY") or None,
     )

@@ -327,7 +327,9 @@ def adopt(candidates: Sequence[Submitted], taken: Collection[str], rivals: int) 
 
 def _save(job: JobRecord, submitted: Submitted, *, now: dt.datetime, facts: ProviderFacts,
           callback_url: str | None) -> Save:
-    registered = callback_url is not None
+    # A per-job secret scheme whose answer carried no secret (the Gateway's
+    # replayed start) can verify no webhook: poll it like a job without one.
+    registered = callback_url is not None and (facts.webhook_scheme != "t/v1" or submitted.webhook_secret is not None)
     # A task found again after an in-doubt submit may have finished long
     # ago, its webhook refused while we had no task id: look now.
     first = 0.0 if job.was_in_doubt else timers.first_check_delay(

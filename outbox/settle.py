@@ -63,6 +63,11 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     except ProviderError as e:
         ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.ERROR)
         seen = e
+    except OutputTooLarge as e:
+        # An output inline in the answer, over the cap before it was written
+        # out (the Gateway's base64 videos): as a download over the cap is.
+        ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.OK)
+        return await _carry_out(ctx, record, provider, decide.after_download_error(0, e, attempts), attempts)
     else:
         ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.OK)
     try:

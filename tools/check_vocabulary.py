@@ -29,13 +29,15 @@ PROVIDER_WORDS = {str(p) for p in ProviderName}
 SCANNED = ("app", "outbox")
 SKIPPED = ("app/vocabulary.py", "app/simulator/")
 # Adapters: their maps of the provider's own status words are the wire, not our vocabulary.
-ADAPTERS = ("app/providers/sim.py", "app/providers/replicate.py", "app/providers/fal.py", "app/providers/kie.py")
+ADAPTERS = ("app/providers/sim.py", "app/providers/replicate.py", "app/providers/fal.py", "app/providers/kie.py",
+            "app/providers/gateway.py", "app/providers/gemini.py", "app/providers/elevenlabs.py")
 
 # (path, word): why this literal is not ours to replace. Keep it short and reviewed.
 ALLOWED: dict[tuple[str, str], str] = {
     ("app/cli.py", "sim"): "the name of the `longcall sim` command",
     ("app/cli.py", "grant"): "the name of the `longcall owners grant` command",
     ("app/dev.py", "failed"): "the demo's simulator input control `outcome: failed`",
+    ("app/providers/gateway.py", "gateway"): "the wire key providerMetadata.gateway",
 }
 
 SQL_LITERAL = re.compile(r"'([a-z_]+)'")

@@ -49,8 +49,8 @@ def build_providers(settings: Settings, *, timeout_s: float = 30.0,
         **stale,
     )
     providers[ProviderName.KIE] = KieProvider(
-        settings.kie_base_url, settings.kie_api_key,
-        secret_keys=settings.secret_keys, timeout_s=timeout_s, **stale,
+        settings.kie_base_url, settings.kie_api_key, secret_keys=settings.secret_keys,
+        webhook_hmac_key=settings.kie_webhook_hmac_key, timeout_s=timeout_s, **stale,
     )
     inline: dict[str, Any] = {"max_output_bytes": settings.max_output_bytes, "spool_dir": spool_dir}
     providers[ProviderName.GATEWAY] = GatewayProvider(

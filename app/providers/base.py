@@ -56,8 +56,8 @@ class Submitted:
     # path, say). Stored as JSON in jobs.provider_operation. Never a secret.
     operation: Mapping[str, Any] | None = None
     # The per-task webhook signing secret, when the provider hands one out.
-    # Encrypted at rest by the caller, erased when the job closes.
-    webhook_secret: str | None = None
+    # Encrypted at rest by the caller, erased when the job closes; never in a repr.
+    webhook_secret: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ masked).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -267,13 +268,70 @@ async def read_call(
     status = response.status_code
     if 200 <= status < 300 or status in pass_statuses:
         return response
+    raise read_failure(response, provider, secrets=secrets, not_found=not_found)
+
+
+def read_failure(response: httpx.Response, provider: str, *, secrets: Secrets,
+                 not_found: str | None = "no such task",
+                 retry_hint: Callable[[httpx.Response], float | None] | None = None) -> ProviderError:
+    """What a read answered with an error means (pure, on a read body): a
+    404 is Rejected(`not_found`) when `not_found` is set; anything else is a
+    read that did not work (Transient, with the provider's Retry-After on a
+    429 or 503 — or, without one, what `retry_hint` reads in the body)."""
+    status = response.status_code
     detail = secrets.detail(response)
     if status == 404 and not_found:
-        raise Rejected(_with_detail(f"{provider}: {not_found} (HTTP 404)", detail))
+        return Rejected(_with_detail(f"{provider}: {not_found} (HTTP 404)", detail))
     retry_after = None
     if status in (429, 503):
         retry_after = retry_after_seconds(response.headers.get("retry-after"))
-    raise Transient(_with_detail(f"{provider}: HTTP {status}", detail), retry_after=retry_after)
+        if retry_after is None and retry_hint is not None:
+            retry_after = retry_hint(response)
+    return Transient(_with_detail(f"{provider}: HTTP {status}", detail), retry_after=retry_after)
+
+
+# An error answer read for its message: this much of it at most.
+MAX_ERROR_BODY = 64 * 1024
+
+
+@contextlib.asynccontextmanager
+async def streamed_read(
+    client: httpx.AsyncClient,
+    provider: str,
+    method: str,
+    url: str,
+    *,
+    secrets: Secrets,
+    not_found: str | None = "no such task",
+    retry_hint: Callable[[httpx.Response], float | None] | None = None,
+    **kwargs: Any,
+) -> AsyncIterator[httpx.Response]:
+    """A read whose 2xx answer is left open for the caller to stream (a
+    status answer that can carry whole files: app/providers/inline.py),
+    closed on leaving. An error answer is read (at most MAX_ERROR_BODY
+    bytes) and classified as read_call classifies it; a connection that
+    fails is Transient."""
+    try:
+        response = await client.send(client.build_request(method, url, **kwargs), stream=True)
+    except httpx.HTTPError as exc:
+        raise Transient(f"{provider}: request failed ({type(exc).__name__})") from None
+    try:
+        if not 200 <= response.status_code < 300:
+            body = bytearray()
+            try:
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) >= MAX_ERROR_BODY:
+                        break
+            except httpx.HTTPError as exc:
+                raise Transient(f"{provider}: request failed ({type(exc).__name__})") from None
+            # Only the headers reading it needs: the body is already decoded.
+            headers = {k: response.headers[k] for k in ("content-type", "retry-after") if k in response.headers}
+            read = httpx.Response(response.status_code, headers=headers, content=bytes(body[:MAX_ERROR_BODY]))
+            raise read_failure(read, provider, secrets=secrets, not_found=not_found, retry_hint=retry_hint)
+        yield response
+    finally:
+        await response.aclose()
 
 
 def json_body(response: httpx.Response, provider: str, error: type[ProviderError]) -> Any:

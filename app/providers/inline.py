@@ -29,7 +29,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 from app.download_errors import DownloadError, OutputTooLarge
+from app.providers.base import OutputFile, Transient
 
 # Strings up to this long stay in the skeleton (ids, URLs, messages).
 SPILL_AFTER = 64 * 1024
@@ -78,10 +81,11 @@ class SpooledJson:
 
 
 class _Scanner:
-    def __init__(self, directory: str | None, spill_after: int, max_spill: int):
+    def __init__(self, directory: str | None, spill_after: int, max_bytes: int):
         self.directory = directory
         self.spill_after = spill_after
-        self.max_spill = max_spill
+        self.max_bytes = max_bytes  # decoded: the cap a user set
+        self.max_spill = base64_size(max_bytes)
         self.skeleton = bytearray()
         self.in_string = False
         self.escaped = False  # the last byte seen inside a string was an unpaired backslash
@@ -106,7 +110,7 @@ class _Scanner:
             data, self.text = bytes(self.text), bytearray()
         self.file_size += len(data)
         if self.file_size > self.max_spill:
-            raise OutputTooLarge(f"an inline output is larger than the {self.max_spill} byte cap")
+            raise OutputTooLarge(f"output is larger than the {self.max_bytes} byte cap")
         self.file.write(data)
 
     def _end_string(self) -> None:
@@ -176,7 +180,7 @@ async def spool_json(chunks: AsyncIterator[bytes], *, directory: str | None, max
     `spill_after` bytes go to files in `directory`, none over the base64
     size of `max_inline_bytes` (OutputTooLarge). ValueError when it is not
     JSON (or AnswerTooLarge); no file is left behind on any error."""
-    scanner = _Scanner(directory, spill_after, base64_size(max_inline_bytes))
+    scanner = _Scanner(directory, spill_after, max_inline_bytes)
     try:
         async for chunk in chunks:
             scanner.feed(chunk)
@@ -244,3 +248,65 @@ def decode_base64(spilled: Spilled, *, directory: str | None, max_bytes: int) ->
         os.unlink(path)
         raise
     return Decoded(path, total, digest.hexdigest())
+
+
+# --- for adapters: an answer read, its inline files written ------------------------
+
+
+async def spool_answer(response: Any, provider: str, *, directory: str | None,
+                       max_inline_bytes: int) -> SpooledJson:
+    """A status answer (an open httpx response, see http.streamed_read)
+    read as it arrives, decoded (a provider may compress it): its long
+    strings on disk. A string over the cap is OutputTooLarge (the settle
+    step fails the job output_too_large); an answer that cannot be read is
+    Transient."""
+    try:
+        return await spool_json(response.aiter_bytes(), directory=directory, max_inline_bytes=max_inline_bytes)
+    except AnswerTooLarge:
+        raise Transient(f"{provider}: the answer is too large to read") from None
+    except ValueError:
+        raise Transient(f"{provider}: answer was not JSON (HTTP {response.status_code})") from None
+    except httpx.HTTPError as exc:  # the answer broke off while it was read
+        raise Transient(f"{provider}: reading the answer failed ({type(exc).__name__})") from None
+    except OSError as exc:  # our disk: full, gone, read-only
+        raise Transient(f"{provider}: could not spool the answer ({exc.strerror})") from None
+
+
+@dataclass(frozen=True)
+class InlineOutput:
+    """One base64 output found in a spooled answer: the string (spilled, or
+    short and still in the skeleton), its type and label."""
+
+    data: Spilled | str
+    content_type: str | None
+    label: str | None = None
+
+
+def write_inline(outputs: tuple[InlineOutput, ...], doc: SpooledJson, *, directory: str | None,
+                 max_bytes: int) -> tuple[OutputFile, ...]:
+    """Each output decoded into a file of its own (blocking: run it in a
+    thread), capped, with its size and sha256. A short string is written
+    out first, so one decoder (its cap and checks) handles every size. On
+    any error none is left behind."""
+    files: list[OutputFile] = []
+    try:
+        for output in outputs:
+            spilled = output.data
+            if isinstance(spilled, str):
+                spilled = _spill_text(spilled, directory)
+                doc.spilled.append(spilled)  # removed with the answer's own
+            decoded = decode_base64(spilled, directory=directory, max_bytes=max_bytes)
+            files.append(OutputFile(decoded.path, decoded.bytes, decoded.sha256, output.content_type, output.label))
+    except BaseException:
+        for file in files:
+            os.unlink(file.path)
+        raise
+    return tuple(files)
+
+
+def _spill_text(text: str, directory: str | None) -> Spilled:
+    data = text.encode("utf-8", "replace")  # a lone surrogate becomes "?": not base64, refused by the decoder
+    fd, path = tempfile.mkstemp(prefix=".inline-", suffix=".part", dir=directory)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+    return Spilled(path, len(data))

@@ -8,6 +8,40 @@ the job's first submit call, for the model we named and with exactly the
 input we sent, may be the job's; the submit step drops those already saved
 on another job and adopts only a single one left. Webhooks are signed with
 Standard Webhooks using the account's signing secret.
+
+Trainings (`train:owner/name:version`). A job's model of that form creates
+a training of that trainer version (`POST /v1/models/{owner}/{name}/versions/
+{version}/trainings`), pushing its new version to `input.destination`: that
+key is taken out of the input and sent as the body's `destination`, the rest
+of the input is the training's `input`. A destination that is missing or not
+`owner/name` is refused before anything is sent. The training's id is the
+task id and `Submitted.operation` says it is a training, so its reads and
+cancel use `/v1/trainings/{id}` (the paths are built, never taken from the
+answer's `urls`: the create answer's point at /v1/predictions/{id}, in the
+OpenAPI example and in replicate-python's recorded trainings-create.yaml,
+and a later read's at /v1/trainings/{id}). Choices where the documents are
+silent:
+- Outputs: a training's `output` is `{version, weights}` ("the version of
+  the model created by the training" is `destination:<id>` in every recorded
+  answer, and replicate 1.0.7 parses it as `owner/name:version`). `weights`,
+  a file URL, is output 0, labelled "weights"; the whole output object is
+  then stored as one JSON value labelled "output", so the new version id is
+  kept with the job. A success with neither a version nor weights (an
+  `output` of null) is a failure that says so.
+- `Cancel-After` is documented for predictions only: a training is sent
+  none, and its job's give-up is ours alone.
+- Look-up: `GET /v1/trainings` documents no query parameter (no
+  `created_after`). `find` pages through it newest first and stops at the
+  first page that reaches back past the job's window (its first submit call,
+  less the clock-skew margin); a training in that window of the same trainer
+  version with exactly the input sent is a candidate, unless its output
+  names another destination (the documented training carries no
+  `destination` field: only a finished one's `output.version` shows it).
+- Timings: trainings run for minutes to hours. Their jobs are polled on a
+  slower schedule and give up after a day by default
+  (GIVE_UP_AFTER_S_REPLICATE still wins).
+- `data_removed: true` is honoured on a training as on a prediction (seen
+  in real training answers, though not in the training schema).
 """
 from __future__ import annotations
 
@@ -15,7 +49,8 @@ import json
 import math
 import re
 import time
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -76,6 +111,15 @@ SECRET_REFRESH_S = 60.0
 FIND_CLOCK_SKEW_S = 60.0
 # The shortest `Cancel-After` the API allows.
 MIN_CANCEL_AFTER_S = 5
+# A job's model naming a training: `train:owner/name:version`.
+TRAINING_PREFIX = "train:"
+# `Submitted.operation` of a training (jobs.provider_operation): its reads
+# and cancel go to /v1/trainings.
+TRAINING_KIND = "training"
+# Trainings run for minutes to hours ("As models can take several minutes or
+# more to train", trainings.create): a slower poll, and a day to give up.
+TRAINING_POLL_DELAYS_S = (5.0, 10.0, 20.0, 30.0, 60.0)
+TRAINING_GIVE_UP_S = 24 * 3600.0
 
 
 def cancel_after(deadline_at: datetime | None, now: datetime) -> str | None:
@@ -133,6 +177,112 @@ def route_for_model(model: str) -> tuple[str, dict[str, Any]]:
     elif _VERSION_RE.fullmatch(model):
         return "/v1/predictions", {"version": model}
     raise Rejected(f"{NAME}: model must be owner/name, owner/name:version or a version id")
+
+
+@dataclass(frozen=True)
+class TrainingRef:
+    """The trainer version a `train:owner/name:version` model names."""
+
+    owner: str
+    name: str
+    version: str
+
+    @property
+    def create_path(self) -> str:
+        return f"/v1/models/{self.owner}/{self.name}/versions/{self.version}/trainings"
+
+
+def is_training_model(model: Any) -> bool:
+    """Whether a job's model asks for a training (pure)."""
+    return isinstance(model, str) and model.startswith(TRAINING_PREFIX)
+
+
+def training_ref(model: Any) -> TrainingRef | None:
+    """The trainer a job's model names when it is a training (pure): None
+    for any other model; Rejected for a `train:` model that is not
+    `train:owner/name:version`."""
+    if not is_training_model(model):
+        return None
+    name, sep, version = model[len(TRAINING_PREFIX):].partition(":")
+    match = _MODEL_RE.fullmatch(name)
+    if not sep or match is None or not _VERSION_RE.fullmatch(version):
+        raise Rejected(f"{NAME}: a training's model must be train:owner/name:version")
+    owner, model_name = match.groups()
+    return TrainingRef(owner, model_name, version)
+
+
+def training_body(job_input: Mapping[str, Any]) -> dict[str, Any]:
+    """The training create body for a job's input (pure): `destination`
+    taken out of it, the rest the training's `input`. Rejected (nothing
+    sent) when the destination is missing or not `owner/name`, the form the
+    API asks for."""
+    destination = job_input.get("destination")
+    if not isinstance(destination, str) or not _MODEL_RE.fullmatch(destination):
+        raise Rejected(f"{NAME}: a training needs input.destination, the model its new version is pushed to, "
+                       "as owner/name")
+    return {"destination": destination, "input": {k: v for k, v in job_input.items() if k != "destination"}}
+
+
+def sent_training(request: SubmitRequest) -> tuple[TrainingRef, dict[str, Any]] | None:
+    """The trainer and the create body (as it went on the wire) of a
+    training job's submit (pure); None for a prediction's, and for one that
+    could never have been sent (its submit was refused): nothing of ours to
+    look for."""
+    try:
+        ref = training_ref(request.model)
+        return None if ref is None else (ref, json.loads(json.dumps(training_body(request.input))))
+    except Rejected:
+        return None
+
+
+def is_training(task: Task) -> bool:
+    """Whether a stored task is a training (pure): its operation says so;
+    a task saved without one (by an operator) is known by its job's model."""
+    if task.operation is not None and task.operation.get("kind") == TRAINING_KIND:
+        return True
+    return is_training_model(task.model)
+
+
+def pushed_to(output: Any) -> str | None:
+    """The model a finished training pushed its new version to (pure), from
+    its `output.version` (`owner/name:<id>`); None when it does not say."""
+    version = output.get("version") if isinstance(output, dict) else None
+    if not isinstance(version, str):
+        return None
+    name, sep, _ = version.partition(":")
+    return name if sep and _MODEL_RE.fullmatch(name) else None
+
+
+def trained_by(training: Any, ref: TrainingRef, sent: Mapping[str, Any]) -> bool:
+    """Whether a listed training can be the one a submit of `ref` with the
+    create body `sent` made (pure): the same trainer version, exactly the
+    input sent, and no other destination in its output (an unfinished one
+    names none)."""
+    if not isinstance(training, dict) or not isinstance(training.get("id"), str) or not training["id"]:
+        return False
+    if training.get("version") != ref.version:
+        return False
+    if pushed_to(training.get("output")) not in (None, sent["destination"]):
+        return False
+    return same_json(training.get("input"), sent["input"])
+
+
+def confirms_training(training: dict, ref: TrainingRef, sent: Mapping[str, Any]) -> bool:
+    """Whether a training a verified webhook named can be this job's (pure):
+    as `confirms` for a prediction (the input sent, or gone), and neither
+    another trainer version nor another destination."""
+    if "version" in training and training["version"] != ref.version:
+        return False
+    if pushed_to(training.get("output")) not in (None, sent["destination"]):
+        return False
+    return confirms(training, sent["input"])
+
+
+def created_before(item: Any, since: datetime) -> bool:
+    """Whether a listed item was created before `since` (pure); one whose
+    `created_at` cannot be read is not."""
+    created = _parse_time(item.get("created_at")) if isinstance(item, dict) else None
+    return created is not None and created < since
 
 
 def same_json(a: Any, b: Any) -> bool:
@@ -208,9 +358,10 @@ def outputs_of(output: Any) -> tuple[tuple[str, ...], tuple[OutputValue, ...]]:
     return (), (_json_value(output),)
 
 
-def _json_value(output: Any) -> OutputValue:
+def _json_value(output: Any, label: str | None = None) -> OutputValue:
     # Compact, and the text as the model wrote it (no \u escapes for non-ASCII).
-    return OutputValue(_utf8(json.dumps(output, separators=(",", ":"), ensure_ascii=False)), JSON_CONTENT_TYPE)
+    return OutputValue(_utf8(json.dumps(output, separators=(",", ":"), ensure_ascii=False)), JSON_CONTENT_TYPE,
+                       label)
 
 
 def _utf8(text: str) -> bytes:
@@ -218,24 +369,68 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "replace")
 
 
-def observation_from_prediction(body: dict, secrets: Secrets) -> Observation:
-    """A prediction JSON as an Observation (pure). An hour after it ends the
-    API removes a prediction's input and output (`data_removed: true`,
-    `output: null`): a success with its outputs gone."""
-    state = _STATES.get(body.get("status"))  # type: ignore[arg-type]
+WEIGHTS_LABEL = "weights"
+OUTPUT_LABEL = "output"
+NO_TRAINING_OUTPUT = "the training succeeded without an output: no new version, no weights"
+
+
+def training_outputs(output: Any) -> tuple[tuple[str, ...], tuple[OutputValue, ...]]:
+    """A succeeded training's `output` (`{version, weights}`) as URLs to
+    download and values to store (pure): the `weights` URL, and the whole
+    object as one JSON value (it holds the new version's id). Nothing for an
+    output with neither a version nor a weights URL."""
+    if not isinstance(output, dict):
+        return (), ()
+    weights, version = output.get("weights"), output.get("version")
+    urls: tuple[str, ...] = (weights,) if isinstance(weights, str) and _is_url(weights) else ()
+    if not urls and not (isinstance(version, str) and version):
+        return (), ()
+    return urls, (_json_value(output, OUTPUT_LABEL),)
+
+
+def _state_of(body: dict, secrets: Secrets, what: str) -> TaskState:
+    status = body.get("status")
+    state = _STATES.get(status) if isinstance(status, str) else None  # a list or an object is no status
     if state is None:
-        raise Transient(f"{NAME}: unknown prediction status {secrets.mask(str(body.get('status')), 40)!r}")
-    if state is TaskState.SUCCEEDED:
-        if body.get("data_removed") is True:
-            return Observation(state=state, output_removed=True)
-        urls, values = outputs_of(body.get("output"))
-        return Observation(state=state, output_urls=urls, values=values)
+        raise Transient(f"{NAME}: unknown {what} status {secrets.mask(str(status), 40)!r}")
+    return state
+
+
+def _not_succeeded(state: TaskState, body: dict, secrets: Secrets, what: str) -> Observation:
     if state is TaskState.FAILED:
-        return ended(state, secrets, body.get("error"), fallback="the prediction failed")
+        return ended(state, secrets, body.get("error"), fallback=f"the {what} failed")
     if state is TaskState.CANCELLED:
         seen = ended(state, secrets, body.get("error"))
         return replace(seen, stopped_at_deadline=stopped_at_deadline(body))
     return Observation(state=state)
+
+
+def observation_from_prediction(body: dict, secrets: Secrets) -> Observation:
+    """A prediction JSON as an Observation (pure). An hour after it ends the
+    API removes a prediction's input and output (`data_removed: true`,
+    `output: null`): a success with its outputs gone."""
+    state = _state_of(body, secrets, "prediction")
+    if state is not TaskState.SUCCEEDED:
+        return _not_succeeded(state, body, secrets, "prediction")
+    if body.get("data_removed") is True:
+        return Observation(state=state, output_removed=True)
+    urls, values = outputs_of(body.get("output"))
+    return Observation(state=state, output_urls=urls, values=values)
+
+
+def observation_from_training(body: dict, secrets: Secrets) -> Observation:
+    """A training JSON as an Observation (pure): its weights (labelled
+    "weights") and its output object (labelled "output"). A success without
+    either is a failure that says so."""
+    state = _state_of(body, secrets, "training")
+    if state is not TaskState.SUCCEEDED:
+        return _not_succeeded(state, body, secrets, "training")
+    if body.get("data_removed") is True:
+        return Observation(state=state, output_removed=True)
+    urls, values = training_outputs(body.get("output"))
+    if not urls and not values:
+        return ended(TaskState.FAILED, secrets, fallback=NO_TRAINING_OUTPUT)
+    return Observation(state=state, output_urls=urls, values=values, url_labels=(WEIGHTS_LABEL,) * len(urls))
 
 
 class ReplicateProvider(Provider):
@@ -275,9 +470,14 @@ class ReplicateProvider(Provider):
             # own hosts, the API's included, and no other.
             credential_hosts=("replicate.delivery", ".replicate.delivery", host_of(self.base_url)),
         )
+        self._training_facts = replace(self.facts, poll_delays_s=TRAINING_POLL_DELAYS_S,
+                                       give_up_after_s=TRAINING_GIVE_UP_S)
 
     def __repr__(self) -> str:
         return f"ReplicateProvider({self.base_url!r})"
+
+    def facts_for(self, model: str) -> ProviderFacts:
+        return self._training_facts if is_training_model(model) else self.facts
 
     @property
     def _secrets(self) -> Secrets:
@@ -292,18 +492,31 @@ class ReplicateProvider(Provider):
     def _prediction_url(self, task_id: str, suffix: str = "") -> str:
         return f"{self.base_url}/v1/predictions/{quote(task_id, safe='')}{suffix}"
 
+    def _training_url(self, task_id: str, suffix: str = "") -> str:
+        return f"{self.base_url}/v1/trainings/{quote(task_id, safe='')}{suffix}"
+
+    def _task_url(self, task: Task, suffix: str = "") -> str:
+        return (self._training_url if is_training(task) else self._prediction_url)(task.task_id, suffix)
+
     async def submit(self, request: SubmitRequest, idempotency_key: str) -> Submitted:
-        path, body = route_for_model(request.model)
-        body["input"] = dict(request.input)
+        headers = self._headers()
+        ref = training_ref(request.model)
+        operation: dict[str, str] | None = None
+        if ref is not None:
+            # No `Cancel-After`: it is documented for predictions only.
+            path, body = ref.create_path, training_body(request.input)
+            operation = {"kind": TRAINING_KIND}
+        else:
+            path, body = route_for_model(request.model)
+            body["input"] = dict(request.input)
+            lifetime = cancel_after(request.deadline_at, datetime.now(UTC))
+            if lifetime is not None:
+                # Replicate's own give-up: an `aborted` prediction (the deadline
+                # passed before it started) is not charged (changelog 2025-10-16).
+                headers["Cancel-After"] = lifetime
         if request.callback_url:
             body["webhook"] = request.callback_url
             body["webhook_events_filter"] = ["completed"]
-        headers = self._headers()
-        lifetime = cancel_after(request.deadline_at, datetime.now(UTC))
-        if lifetime is not None:
-            # Replicate's own give-up: an `aborted` prediction (the deadline
-            # passed before it started) is not charged (changelog 2025-10-16).
-            headers["Cancel-After"] = lifetime
         response = await submit_call(
             self._http.submits, NAME, "POST", self.base_url + path,
             json=body, headers=headers, secrets=self._secrets.plus_callback(request.callback_url),
@@ -311,30 +524,33 @@ class ReplicateProvider(Provider):
         data = json_object(response, NAME, Uncertain)
         task_id = data.get("id")
         if not isinstance(task_id, str) or not task_id:
-            raise Uncertain(f"{NAME}: submit answer has no prediction id")
-        return Submitted(task_id=task_id)
+            raise Uncertain(f"{NAME}: submit answer has no {'training' if ref else 'prediction'} id")
+        return Submitted(task_id=task_id, operation=operation)
 
     async def status(self, task: Task) -> Observation:
         response = await read_call(
-            self._http.reads, NAME, "GET", self._prediction_url(task.task_id),
+            self._http.reads, NAME, "GET", self._task_url(task),
             headers=self._headers(), secrets=self._secrets,
         )
-        return observation_from_prediction(json_object(response, NAME, Transient), self._secrets)
+        body = json_object(response, NAME, Transient)
+        if is_training(task):
+            return observation_from_training(body, self._secrets)
+        return observation_from_prediction(body, self._secrets)
 
     async def cancel(self, task: Task) -> None:
         try:
             await read_call(
-                self._http.reads, NAME, "POST", self._prediction_url(task.task_id, "/cancel"),
+                self._http.reads, NAME, "POST", self._task_url(task, "/cancel"),
                 headers=self._headers(), secrets=self._secrets, pass_statuses=(409, 422),
             )
         except Rejected:
-            return None  # no such prediction: nothing to cancel
+            return None  # no such prediction or training: nothing to cancel
 
     async def find(self, request: SubmitRequest) -> Submitted | None:
-        """The one prediction that can be this submit's, or None (none, or
-        several: which one is ours cannot be told). Without the database's
-        knowledge of the tasks other jobs hold; the submit step asks
-        `find_candidates`."""
+        """The one prediction (or training) that can be this submit's, or
+        None (none, or several: which one is ours cannot be told). Without
+        the database's knowledge of the tasks other jobs hold; the submit
+        step asks `find_candidates`."""
         candidates = await self.find_candidates(request)
         return candidates[0] if len(candidates) == 1 else None
 
@@ -343,13 +559,34 @@ class ReplicateProvider(Provider):
         clock-skew margin; without that time, within `find_max_age_s`) for
         the model and with the exact input the submit sent, newest first.
         None seen if the window holds more than `find_max_pages` pages: a
-        match on a page not read could make any other ambiguous."""
+        match on a page not read could make any other ambiguous. A training
+        is looked for the same way among the trainings (`trained_by`), the
+        window read off their `created_at` (the list has no filter)."""
         since = request.first_attempt_at or datetime.now(UTC) - self._find_max_age
         since -= timedelta(seconds=FIND_CLOCK_SKEW_S)
+        if is_training_model(request.model):
+            training = sent_training(request)
+            if training is None:
+                return ()
+            ref, sent = training
+            ids = await self._listed(
+                f"{self.base_url}/v1/trainings", None,
+                matches=lambda item: not created_before(item, since) and trained_by(item, ref, sent),
+                past_window=lambda item: created_before(item, since))
+            return tuple(Submitted(task_id=task_id, operation={"kind": TRAINING_KIND}) for task_id in ids)
         sent_input = json.loads(json.dumps(dict(request.input)))  # as it went on the wire
-        url = f"{self.base_url}/v1/predictions"
-        params: dict[str, str] | None = {"created_after": since.astimezone(UTC).isoformat()}
-        found: list[Submitted] = []
+        ids = await self._listed(
+            f"{self.base_url}/v1/predictions", {"created_after": since.astimezone(UTC).isoformat()},
+            matches=lambda item: made_by(item, request.model, sent_input),
+            past_window=lambda item: False)  # the server filters on `created_after`
+        return tuple(Submitted(task_id=task_id) for task_id in ids)
+
+    async def _listed(self, url: str, params: dict[str, str] | None, *, matches: Callable[[Any], bool],
+                      past_window: Callable[[Any], bool]) -> tuple[str, ...]:
+        """The ids of the listed items that `matches`, reading pages (newest
+        first) until the last, or one with an item `past_window`; none at all
+        when that takes more than `find_max_pages` pages."""
+        found: list[str] = []
         for _ in range(self._find_max_pages):
             response = await read_call(
                 self._http.reads, NAME, "GET", url, params=params,
@@ -358,11 +595,11 @@ class ReplicateProvider(Provider):
             page = json_object(response, NAME, Transient)
             results = page.get("results")
             if not isinstance(results, list):
-                raise Transient(f"{NAME}: prediction list has no results")
-            found += [Submitted(task_id=item["id"]) for item in results if made_by(item, request.model, sent_input)]
+                raise Transient(f"{NAME}: the list has no results")
+            found += [item["id"] for item in results if matches(item)]
             next_url = page.get("next")
-            if not next_url:
-                return tuple(dict.fromkeys(found))  # a prediction listed twice (pages shifted) counts once
+            if not next_url or any(past_window(item) for item in results):
+                return tuple(dict.fromkeys(found))  # an item listed twice (pages shifted) counts once
             # Follow only links on the API's own origin: the token goes with them.
             if not same_origin(next_url, self.base_url):
                 return ()
@@ -401,21 +638,30 @@ class ReplicateProvider(Provider):
             return False
 
     def webhook_task_id(self, webhook: WebhookRequest) -> str | None:
-        # A webhook's body is the prediction (signed whole): its `id`.
+        # A webhook's body is the prediction or the training (signed whole): its `id`.
         return claimed_id(webhook_field(webhook.raw_body, "id"))
 
     async def confirm_task(self, task_id: str, request: SubmitRequest) -> Submitted | None:
-        """The prediction read with our token (404: not ours, or no such
-        one); made with the input the job sent, while Replicate still shows
-        it (`confirms`)."""
+        """The prediction (or, for a training's job, the training) read with
+        our token (404: not ours, or no such one); made with the input the
+        job sent, while Replicate still shows it (`confirms`,
+        `confirms_training`)."""
+        training = sent_training(request)
+        if training is None and is_training_model(request.model):
+            return None  # a training job whose submit could never have been sent
+        task = Task(task_id=task_id, operation={"kind": TRAINING_KIND} if training else None, model=request.model)
         try:
-            response = await read_call(self._http.reads, NAME, "GET", self._prediction_url(task_id),
+            response = await read_call(self._http.reads, NAME, "GET", self._task_url(task),
                                        headers=self._headers(), secrets=self._secrets)
         except Rejected:
             return None
-        prediction = json_object(response, NAME, Transient)
+        answer = json_object(response, NAME, Transient)
+        if training is not None:
+            ref, sent = training
+            ours = confirms_training(answer, ref, sent)
+            return Submitted(task_id=task_id, operation=task.operation) if ours else None
         sent_input = json.loads(json.dumps(dict(request.input)))
-        return Submitted(task_id=task_id) if confirms(prediction, sent_input) else None
+        return Submitted(task_id=task_id) if confirms(answer, sent_input) else None
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -89,9 +89,9 @@ class Simulator:
         store.add(task)
         if callback_url is not None:
             if "start" in webhook_events:
-                self._schedule(task, "start", task.created_at)
+                self.schedule_event(task, "start", task.created_at)
             if "completed" in webhook_events:
-                self._schedule(task, "completed", task.finished_at)
+                self.schedule_event(task, "completed", task.finished_at)
         return task
 
     def cancel_task(self, task: Task) -> bool:
@@ -101,10 +101,12 @@ class Simulator:
         if not task.cancel(now):
             return False
         if task.callback_url is not None and "completed" in task.webhook_events:
-            self._schedule(task, "completed", now)
+            self.schedule_event(task, "completed", now)
         return True
 
-    def _schedule(self, task: Task, event: str, at: float) -> None:
+    def schedule_event(self, task: Task, event: str, at: float) -> None:
+        """Send `task`'s webhook for `event` at `at` (the protocol's renderer
+        makes it then; a stage report such as Suno's `first` is one)."""
         def render() -> OutgoingWebhook | None:
             if self.store.tasks.get(task.id) is not task:  # reset since
                 return None

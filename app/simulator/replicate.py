@@ -9,6 +9,30 @@ prediction ends or n seconds (60 at most) pass. Webhooks are Standard Webhooks s
 account secret served at /v1/webhooks/default/secret. A prediction carries
 the fields of the OpenAPI document's prediction response, and no others: not
 the `webhook` it was created with, which the document does not return.
+
+Trainings (`POST /v1/models/{owner}/{name}/versions/{version_id}/trainings`
+with `{destination, input, webhook?, webhook_events_filter?}`; `GET
+/v1/trainings[/{id}]`, `POST /v1/trainings/{id}/cancel`) are tasks of this
+protocol too, with the same controls in `input`, the same faults and
+webhooks. A training carries the fields of the training response schema and
+`urls.web` (every OpenAPI example has it), and no others: not
+`data_removed` nor `deadline` (the schema has neither). The create answer
+is the documented one: `id, model, version, input, logs, error, status,
+created_at, urls`, its `urls` pointing at /v1/predictions/{id} as the
+OpenAPI example and replicate-python's recorded trainings-create.yaml do;
+later answers point at /v1/trainings/{id}. Where the documents are silent:
+- the predictions routes do not serve trainings, nor list them (the API's
+  /v1/predictions/{training id} is nowhere documented): following the
+  create answer's `urls` finds nothing here;
+- a malformed `destination` is the recorded 404 "The specified training
+  destination does not exist"; any `owner/name` exists here;
+- the list takes no filter (none is documented), pages like predictions;
+- `Cancel-After` and `Prefer` are ignored (documented for predictions only);
+- a succeeded training's `output` is `{"version": "<destination>:<new
+  version id>", "weights": <output 0's URL>}` (the form every recorded
+  answer has, and the one replicate 1.0.7 parses); `outputs: 0` makes it
+  null (a trainer that pushed nothing). After the output lifetime the
+  weights URL answers 404 and the output stays as it was.
 """
 from __future__ import annotations
 
@@ -20,6 +44,7 @@ import hashlib
 import os
 import re
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -140,9 +165,7 @@ def status_of(task: Task, now: float) -> str:
 def prediction_view(task: Task, now: float) -> dict[str, Any]:
     phase = task.phase(now)
     terminal = phase.terminal
-    started = None
-    if phase is not Phase.QUEUED and not (phase is Phase.CANCELLED and task.finished_at < task.started_at):
-        started = task.started_at
+    started = _started(task, phase)
     completed = task.finished_at if terminal else None
     metrics: dict[str, Any] = {}
     if phase in (Phase.SUCCEEDED, Phase.FAILED):
@@ -186,27 +209,119 @@ def _output(task: Task) -> str | list[str]:
     return task.output_urls()
 
 
-async def _create(request: Request, model: str | None) -> Response:
-    """Shared by create-by-version (`model` None) and create-by-model."""
-    sim: Simulator = request.app.state.sim
+TRAINING = "training"  # task.extra["kind"] of a training
+
+
+def is_training(task: Task) -> bool:
+    return task.extra.get("kind") == TRAINING
+
+
+def new_version_id(task: Task) -> str:
+    """The id of the version a training pushes to its destination (pure):
+    64 hex characters, as Replicate's version ids are, fixed per training."""
+    return hashlib.sha256(f"replicate-sim-training|{task.id}".encode()).hexdigest()
+
+
+def _started(task: Task, phase: Phase) -> float | None:
+    # A task stopped before its start never started.
+    if phase is Phase.QUEUED or (phase is Phase.CANCELLED and task.finished_at < task.started_at):
+        return None
+    return task.started_at
+
+
+def training_view(task: Task, now: float, *, created: bool = False) -> dict[str, Any]:
+    """A training as the API shows it; `created`: the create's answer, with
+    the fields the documented one has and its `urls` at /v1/predictions."""
+    phase = task.phase(now)
+    resource = "predictions" if created else "trainings"
+    base = f"{task.base_url}{PREFIX}/v1/{resource}/{task.id}"
+    view: dict[str, Any] = {
+        "id": task.id,
+        "model": task.model,
+        "version": task.extra["version"],
+        "input": task.input,
+        "logs": "",
+        "error": task.error(now) if phase is Phase.FAILED else None,
+        "status": status_of(task, now),
+        "created_at": _iso(task.created_at),
+        "urls": {"web": f"{task.base_url}{PREFIX}/p/{task.id}", "get": base, "cancel": f"{base}/cancel"},
+    }
+    if created:
+        return view
+    started = _started(task, phase)
+    metrics: dict[str, Any] = {}
+    if phase.terminal:  # "Terminated trainings ... will include a metrics object" (trainings.get)
+        metrics = {
+            "predict_time": round(task.finished_at - started, 6) if started is not None else 0.0,
+            "total_time": round(task.finished_at - task.created_at, 6),
+        }
+    output = None
+    if phase is Phase.SUCCEEDED and task.controls.outputs > 0:
+        output = {"version": f"{task.extra['destination']}:{new_version_id(task)}",
+                  "weights": task.output_urls()[0]}
+    view.update({
+        "output": output,
+        "source": "api",
+        "started_at": _iso(started),
+        "completed_at": _iso(task.finished_at if phase.terminal else None),
+        "metrics": metrics,
+    })
+    return view
+
+
+def _refused_create(sim: Simulator, request: Request) -> Response | None:
+    """The answer to a create that is not served (no token, a fault), or None."""
     if auth_token(request, "Bearer", "Token") is None:
         return _unauthenticated()
     if sim.fault("throttle"):
         return _throttled()
     if sim.fault("submit_error"):
         return _problem(500, "Internal server error", "simulated submit error")
-    try:
-        cancel_after = request.headers.get("cancel-after")
-        lifetime_s = parse_cancel_after(cancel_after) if cancel_after is not None else None
-        wait_s = parse_prefer_wait(request.headers.get("prefer"))
-    except ValueError as exc:
-        return _problem(422, "Input validation failed", f"- {exc}")
+    return None
+
+
+async def _body_object(request: Request) -> dict[str, Any] | Response:
     try:
         body = await read_json(request)
     except BadBody as exc:
         return _problem(400, "Bad request", str(exc))
     if not isinstance(body, dict):
         return _problem(400, "Bad request", "body must be a JSON object")
+    return body
+
+
+def _webhook_of(body: dict[str, Any]) -> tuple[str | None, tuple[str, ...]] | Response:
+    """The create body's `webhook` and the events it is sent for (of those
+    the simulator sends: start, completed), or the 422 for a bad one."""
+    webhook = body.get("webhook")
+    if webhook is not None and not is_http_url(webhook):
+        return _problem(422, "Input validation failed", "- webhook: must be an http(s) URL")
+    events = body.get("webhook_events_filter")
+    if events is None:
+        events = list(WEBHOOK_EVENTS)
+    elif not isinstance(events, list) or not events or any(e not in WEBHOOK_EVENTS for e in events):
+        return _problem(
+            422,
+            "Input validation failed",
+            "- webhook_events_filter: a non-empty list of start, output, logs, completed",
+        )
+    return webhook, tuple(e for e in ("start", "completed") if e in events)
+
+
+async def _create(request: Request, model: str | None) -> Response:
+    """Shared by create-by-version (`model` None) and create-by-model."""
+    sim: Simulator = request.app.state.sim
+    if (refused := _refused_create(sim, request)) is not None:
+        return refused
+    try:
+        cancel_after = request.headers.get("cancel-after")
+        lifetime_s = parse_cancel_after(cancel_after) if cancel_after is not None else None
+        wait_s = parse_prefer_wait(request.headers.get("prefer"))
+    except ValueError as exc:
+        return _problem(422, "Input validation failed", f"- {exc}")
+    body = await _body_object(request)
+    if isinstance(body, Response):
+        return body
     if model is None:
         version = body.get("version")
         if not isinstance(version, str) or not version.strip():
@@ -222,18 +337,10 @@ async def _create(request: Request, model: str | None) -> Response:
     task_input = body.get("input")
     if not isinstance(task_input, dict):
         return _problem(422, "Input validation failed", "- input: input is required (an object)")
-    webhook = body.get("webhook")
-    if webhook is not None and not is_http_url(webhook):
-        return _problem(422, "Input validation failed", "- webhook: must be an http(s) URL")
-    events = body.get("webhook_events_filter")
-    if events is None:
-        events = list(WEBHOOK_EVENTS)
-    elif not isinstance(events, list) or not events or any(e not in WEBHOOK_EVENTS for e in events):
-        return _problem(
-            422,
-            "Input validation failed",
-            "- webhook_events_filter: a non-empty list of start, output, logs, completed",
-        )
+    hook = _webhook_of(body)
+    if isinstance(hook, Response):
+        return hook
+    webhook, events = hook
     try:
         controls = parse_controls(task_input)
     except ControlError as exc:
@@ -247,7 +354,7 @@ async def _create(request: Request, model: str | None) -> Response:
         controls=controls,
         base_url=server_base(request),
         callback_url=webhook,
-        webhook_events=tuple(e for e in ("start", "completed") if e in events),
+        webhook_events=events,
         extra={"version": version},
         lifetime_s=lifetime_s,
     )
@@ -284,7 +391,7 @@ async def get_prediction(request: Request) -> Response:
         return _throttled()
     if sim.fault("status_error"):
         return _problem(500, "Internal server error", "simulated status error")
-    task = sim.store.get(request.path_params["prediction_id"], PROTOCOL)
+    task = _prediction(sim, request.path_params["prediction_id"])
     if task is None:
         return _not_found()
     return JSONResponse(prediction_view(task, time.time()))
@@ -294,11 +401,16 @@ async def cancel_prediction(request: Request) -> Response:
     sim: Simulator = request.app.state.sim
     if auth_token(request, "Bearer", "Token") is None:
         return _unauthenticated()
-    task = sim.store.get(request.path_params["prediction_id"], PROTOCOL)
+    task = _prediction(sim, request.path_params["prediction_id"])
     if task is None:
         return _not_found()
     sim.cancel_task(task)  # a finished prediction is returned as it is
     return JSONResponse(prediction_view(task, time.time()))
+
+
+def _prediction(sim: Simulator, task_id: str) -> Task | None:
+    task = sim.store.get(task_id, PROTOCOL)
+    return task if task is not None and not is_training(task) else None
 
 
 def _encode_cursor(seq: int) -> str:
@@ -346,29 +458,127 @@ async def list_predictions(request: Request) -> Response:
         return _problem(400, "Bad request", "created_after and created_before must be ISO 8601 date-times")
     predictions = [
         task for task in sim.store.by_protocol.get(PROTOCOL, [])
-        if (after is None or _created(task) >= after) and (before is None or _created(task) < before)
+        if not is_training(task)
+        and (after is None or _created(task) >= after) and (before is None or _created(task) < before)
     ]
-    end = len(predictions)
-    cursor = query.get("cursor")
+    filters = {k: query[k] for k in ("created_after", "created_before") if k in query}
+    return _page(sim, request, predictions, "predictions", filters, prediction_view)
+
+
+def _page(sim: Simulator, request: Request, tasks: list[Task], resource: str, filters: dict[str, str],
+          view: Callable[[Task, float], dict[str, Any]]) -> Response:
+    """One page of `tasks` (in creation order) newest first, from the
+    request's `cursor` on; `next` is the URL of the next page, with the
+    same `filters`."""
+    end = len(tasks)
+    cursor = request.query_params.get("cursor")
     if cursor is not None:
         before_seq = _decode_cursor(cursor)
         if before_seq is None:
             return _problem(400, "Bad request", "invalid cursor")
         # by_protocol lists are in creation order, so seq is ascending
-        end = bisect.bisect_left(predictions, before_seq, key=lambda t: t.seq)
+        end = bisect.bisect_left(tasks, before_seq, key=lambda t: t.seq)
     start = max(0, end - sim.replicate_page_size)
-    page = predictions[start:end][::-1]
+    page = tasks[start:end][::-1]
     now = time.time()
     next_url = None
     if start > 0 and page:
-        filters = {k: query[k] for k in ("created_after", "created_before") if k in query}
         next_query = urlencode({**filters, "cursor": _encode_cursor(page[-1].seq)})
-        next_url = f"{server_base(request)}{PREFIX}/v1/predictions?{next_query}"
+        next_url = f"{server_base(request)}{PREFIX}/v1/{resource}?{next_query}"
     return JSONResponse({
         "previous": None,
         "next": next_url,
-        "results": [prediction_view(task, now) for task in page],
+        "results": [view(task, now) for task in page],
     })
+
+
+# ------------------------------------------------------------------ trainings
+
+_DESTINATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+async def create_training(request: Request) -> Response:
+    sim: Simulator = request.app.state.sim
+    if (refused := _refused_create(sim, request)) is not None:
+        return refused
+    body = await _body_object(request)
+    if isinstance(body, Response):
+        return body
+    destination = body.get("destination")
+    if destination is None:
+        return _problem(422, "Input validation failed", "- destination: destination is required")
+    if not isinstance(destination, str) or not _DESTINATION_RE.fullmatch(destination):
+        # replicate-python's trainings-create__invalid-destination.yaml: 404,
+        # `detail` and `status` only.
+        return JSONResponse({"detail": "The specified training destination does not exist", "status": 404},
+                            status_code=404)
+    task_input = body.get("input")
+    if not isinstance(task_input, dict):
+        return _problem(422, "Input validation failed", "- input: input is required (an object)")
+    hook = _webhook_of(body)
+    if isinstance(hook, Response):
+        return hook
+    webhook, events = hook
+    try:
+        controls = parse_controls(task_input)
+    except ControlError as exc:
+        return _problem(422, "Input validation failed", f"- {exc}")
+    owner, name = request.path_params["owner"], request.path_params["name"]
+    task = sim.create_task(
+        task_id=_prediction_id(),
+        protocol=PROTOCOL,
+        model=f"{owner}/{name}",
+        input=task_input,
+        controls=controls,
+        base_url=server_base(request),
+        callback_url=webhook,
+        webhook_events=events,
+        extra={"kind": TRAINING, "version": request.path_params["version_id"], "destination": destination},
+    )
+    if sim.fault("submit_timeout_after_create"):
+        return HoldThenDrop(sim.hold_s)
+    return JSONResponse(training_view(task, time.time(), created=True), status_code=201)
+
+
+def _training(sim: Simulator, task_id: str) -> Task | None:
+    task = sim.store.get(task_id, PROTOCOL)
+    return task if task is not None and is_training(task) else None
+
+
+async def get_training(request: Request) -> Response:
+    sim: Simulator = request.app.state.sim
+    if auth_token(request, "Bearer", "Token") is None:
+        return _unauthenticated()
+    sim.store.stats.status_calls += 1
+    if sim.fault("throttle"):
+        return _throttled()
+    if sim.fault("status_error"):
+        return _problem(500, "Internal server error", "simulated status error")
+    task = _training(sim, request.path_params["training_id"])
+    if task is None:
+        return _not_found()
+    return JSONResponse(training_view(task, time.time()))
+
+
+async def cancel_training(request: Request) -> Response:
+    sim: Simulator = request.app.state.sim
+    if auth_token(request, "Bearer", "Token") is None:
+        return _unauthenticated()
+    task = _training(sim, request.path_params["training_id"])
+    if task is None:
+        return _not_found()
+    sim.cancel_task(task)  # a finished training is returned as it is
+    return JSONResponse(training_view(task, time.time()))
+
+
+async def list_trainings(request: Request) -> Response:
+    """Newest first, `page_size` per page (100, as trainings.list says),
+    paged like predictions; no filters (none is documented)."""
+    sim: Simulator = request.app.state.sim
+    if auth_token(request, "Bearer", "Token") is None:
+        return _unauthenticated()
+    trainings = [task for task in sim.store.by_protocol.get(PROTOCOL, []) if is_training(task)]
+    return _page(sim, request, trainings, "trainings", {}, training_view)
 
 
 async def default_webhook_secret(request: Request) -> Response:
@@ -393,7 +603,9 @@ def render_webhook(sim: Simulator, task: Task, event: str, now: float) -> Outgoi
             "webhook-signature": sign_standard_webhooks(secret, msg_id, t, body),
         }
 
-    return OutgoingWebhook(url=task.callback_url, body=dumps(prediction_view(task, now)), sign=sign)
+    # The body is what a read of it answers (the `webhook` field's description).
+    view = training_view(task, now) if is_training(task) else prediction_view(task, now)
+    return OutgoingWebhook(url=task.callback_url, body=dumps(view), sign=sign)
 
 
 routes = [
@@ -403,4 +615,9 @@ routes = [
     Route(f"{PREFIX}/v1/predictions/{{prediction_id}}", get_prediction, methods=["GET"]),
     Route(f"{PREFIX}/v1/predictions/{{prediction_id}}/cancel", cancel_prediction, methods=["POST"]),
     Route(f"{PREFIX}/v1/webhooks/default/secret", default_webhook_secret, methods=["GET"]),
+    Route(f"{PREFIX}/v1/models/{{owner}}/{{name}}/versions/{{version_id}}/trainings", create_training,
+          methods=["POST"]),
+    Route(f"{PREFIX}/v1/trainings", list_trainings, methods=["GET"]),
+    Route(f"{PREFIX}/v1/trainings/{{training_id}}", get_training, methods=["GET"]),
+    Route(f"{PREFIX}/v1/trainings/{{training_id}}/cancel", cancel_training, methods=["POST"]),
 ]

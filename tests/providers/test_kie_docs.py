@@ -165,3 +165,14 @@ def test_other_read_codes_are_a_read_to_try_again(code, message):
 def test_a_state_kie_does_not_document_is_not_guessed():
     with pytest.raises(Transient, match="unknown task state"):
         record_outcome(record("processing"), SECRETS)
+
+
+@pytest.mark.parametrize("code, msg, error", [
+    # Codes the families' pages add to the table (/suno-api/generate-music, /runway-api/generate-ai-video).
+    (409, "Conflict", Rejected),
+    (451, "Failed to fetch the image", Rejected),
+    (430, "Your call frequency is too high. Please try again later.", Transient),
+])
+def test_the_families_codes_mean_the_same_at_the_market(code, msg, error):
+    with pytest.raises(error, match=f"code {code}"):
+        submit_outcome({"code": code, "msg": msg, "data": None}, SECRETS)

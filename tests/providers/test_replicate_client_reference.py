@@ -24,6 +24,7 @@ import pytest
 import replicate
 from replicate.pagination import Page
 from replicate.prediction import Prediction
+from replicate.training import Training
 
 from app.providers.base import SubmitRequest, Task, TaskState, Uncertain
 from app.providers.replicate import ReplicateProvider
@@ -205,5 +206,118 @@ async def test_an_in_doubt_submit_is_found_by_model_and_input(client, simulator)
             time.sleep(0.05)
         assert observation.state is TaskState.SUCCEEDED and len(observation.output_urls) == 1
         assert stats(simulator)["tasks_created"] == before + 1  # looking it up made nothing
+    finally:
+        await adapter.aclose()
+
+
+# ------------------------------------------------------------------ trainings
+#
+# replicate 1.0.7's `Training` (replicate/training.py): `id`, `model`,
+# `version` and `status` required (`status` one of starting, processing,
+# succeeded, failed, canceled), `urls` strings only; `_json_to_training`
+# parses a finished training's `output.version` as `owner/name:version`
+# (a bare id would raise) and sets `destination` from it.
+
+TRAINER_VERSION = "39ed52f2a78e934b3ba6e2a89f5b1c712de7dfea535525255b1aa35c5565e08b"
+
+
+def wait_training(client: replicate.Client, training: Training) -> Training:
+    deadline = time.monotonic() + 10
+    while training.status in ("starting", "processing"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        training.reload()  # GET /v1/trainings/{id}, parsed as a Training
+    return training
+
+
+def test_a_training_created_read_and_finished(client, simulator):
+    training = client.trainings.create(model="stability-ai/sdxl", version=TRAINER_VERSION,
+                                       destination="acme/my-sdxl",
+                                       input={"duration_s": 0.2, "output_bytes": 512, "input_images": "x.zip"})
+    assert isinstance(training, Training)
+    assert (training.status, training.model, training.version) == ("starting", "stability-ai/sdxl", TRAINER_VERSION)
+    assert training.input == {"duration_s": 0.2, "output_bytes": 512, "input_images": "x.zip"}
+    assert training.output is None and training.destination is None  # not shown until it is done
+    again = client.trainings.get(training.id)
+    assert isinstance(again, Training) and again.id == training.id
+    done = wait_training(client, training)
+    assert done.status == "succeeded" and done.completed_at and done.started_at
+    assert done.destination == "acme/my-sdxl"  # from output.version, as the client reads it
+    assert done.output["version"].startswith("acme/my-sdxl:")
+    body = httpx.get(done.output["weights"], trust_env=False).content
+    assert hashlib.sha256(body).hexdigest() == output_sha256(done.id, 0, 512)
+
+
+def test_a_training_created_by_the_version_shorthand(client):
+    training = client.trainings.create(version=f"stability-ai/sdxl:{TRAINER_VERSION}", destination="acme/my-sdxl",
+                                       input={"duration_s": 30})
+    assert training.model == "stability-ai/sdxl" and training.version == TRAINER_VERSION
+    canceled = client.trainings.cancel(training.id)
+    assert isinstance(canceled, Training) and canceled.status == "canceled" and canceled.completed_at
+
+
+def test_a_failed_and_a_canceled_training(client):
+    failed = client.trainings.create(model="stability-ai/sdxl", version=TRAINER_VERSION, destination="acme/x",
+                                     input={"duration_s": 0.1, "outcome": "failed"})
+    done = wait_training(client, failed)
+    assert done.status == "failed" and isinstance(done.error, str) and done.error and done.output is None
+    running = client.trainings.create(model="stability-ai/sdxl", version=TRAINER_VERSION, destination="acme/x",
+                                      input={"duration_s": 30})
+    running.cancel()  # Training.cancel() parses the answer into the training itself
+    assert running.status == "canceled"
+    running.reload()
+    assert running.status == "canceled"
+
+
+def test_the_trainings_list_walks_every_page_newest_first(client):
+    tag = secrets.token_hex(4)
+    made = [client.trainings.create(model="acme/trainer", version=TRAINER_VERSION, destination="acme/x",
+                                    input={"duration_s": 30, "tag": tag}).id for _ in range(5)]
+    page = client.trainings.list()
+    assert isinstance(page, Page) and page.previous is None and len(page.results) == PAGE_SIZE
+    listed: list[str] = []
+    while True:
+        assert all(isinstance(t, Training) for t in page.results)
+        listed += [t.id for t in page.results if (t.input or {}).get("tag") == tag]
+        if page.next is None:
+            break
+        page = client.trainings.list(page.next)
+    assert listed == made[::-1]
+    for training_id in made:
+        client.trainings.cancel(training_id)
+
+
+def test_training_errors_are_replicate_errors(client):
+    with pytest.raises(replicate.exceptions.ReplicateError) as caught:
+        client.trainings.create(model="stability-ai/sdxl", version=TRAINER_VERSION, destination="<invalid>",
+                                input={})
+    assert caught.value.status == 404 and caught.value.detail == "The specified training destination does not exist"
+    with pytest.raises(replicate.exceptions.ReplicateError) as caught:
+        client.trainings.get("nosuchtraining")
+    assert caught.value.status == 404
+
+
+async def test_an_in_doubt_training_is_found_by_our_adapter_and_the_client_reads_it(client, simulator):
+    """The create is made and its answer lost; our adapter finds the one
+    training in its window; the client reads the same training, which
+    succeeds once, to the destination we named."""
+    adapter = ReplicateProvider(f"{simulator}/replicate", TOKEN, timeout_s=1.0, find_max_pages=100)
+    try:
+        job_id = "job_" + secrets.token_hex(12)
+        request = SubmitRequest(job_id=job_id, model=f"train:acme/trainer:{TRAINER_VERSION}",
+                                input={"destination": "acme/mine", "duration_s": 0.3, "prompt": f"for {job_id}"},
+                                callback_url=None, first_attempt_at=datetime.now(UTC))
+        before = stats(simulator)["tasks_created"]
+        set_faults(simulator, submit_timeout_after_create=1)
+        with pytest.raises(Uncertain):
+            await adapter.submit(request, job_id)
+        clear_faults(simulator)
+        (found,) = await adapter.find_candidates(request)
+        made = wait_training(client, client.trainings.get(found.task_id))
+        assert made.status == "succeeded" and made.destination == "acme/mine"
+        assert made.input == {"duration_s": 0.3, "prompt": f"for {job_id}"}
+        observation = await adapter.status(Task(found.task_id, found.operation, request.model))
+        assert observation.state is TaskState.SUCCEEDED and observation.output_urls == (made.output["weights"],)
+        assert stats(simulator)["tasks_created"] == before + 1
     finally:
         await adapter.aclose()

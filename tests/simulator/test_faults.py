@@ -10,6 +10,7 @@ from .conftest import HOLD_S
 
 AUTH_BEARER = {"Authorization": "Bearer test-token"}
 AUTH_KEY = {"Authorization": "Key test-key"}
+AUTH_GOOG = {"x-goog-api-key": "k"}
 
 
 def faults(client: httpx.Client, **rates) -> None:
@@ -29,6 +30,8 @@ CREATES = {
     "fal": lambda c, i: c.post("/fal/fal-ai/flux/dev", json=i, headers=AUTH_KEY),
     "kie": lambda c, i: c.post("/kie/api/v1/jobs/createTask", json={"model": "k", "input": i},
                                headers=AUTH_BEARER),
+    "gemini": lambda c, i: c.post("/gemini/v1beta/models/veo-3.1-generate-preview:predictLongRunning",
+                                  json={"instances": [{"prompt": "p"}], "parameters": i}, headers=AUTH_GOOG),
 }
 READS = {
     "sim": lambda c, r: c.get(f"/v1/tasks/{r.json()['id']}"),
@@ -36,6 +39,7 @@ READS = {
     "fal": lambda c, r: c.get(r.json()["status_url"], headers=AUTH_KEY),
     "kie": lambda c, r: c.get("/kie/api/v1/jobs/recordInfo", params={"taskId": r.json()["data"]["taskId"]},
                               headers=AUTH_BEARER),
+    "gemini": lambda c, r: c.get(f"/gemini/v1beta/{r.json()['name']}", headers=AUTH_GOOG),
 }
 
 
@@ -93,6 +97,7 @@ THROTTLE_BODIES = {
     "replicate": lambda body: set(body) == {"detail"} and body["detail"].startswith("Request was throttled."),
     "fal": lambda body: set(body) == {"detail"},
     "kie": lambda body: body["code"] == 429 and body.get("msg", body.get("message")) == "Rate Limited",
+    "gemini": lambda body: body["error"]["code"] == 429 and body["error"]["status"] == "RESOURCE_EXHAUSTED",
 }
 
 
