@@ -39,6 +39,16 @@ DEMO_JOBS = [
      "input": {"prompt": "a fox", "duration_s": 1.5}},
     {"provider": ProviderName.FAL, "model": "fal-ai/flux/dev", "input": {"prompt": "a heron", "duration_s": 1.5}},
     {"provider": ProviderName.KIE, "model": "veo3_fast", "input": {"prompt": "rain", "duration_s": 2.0}},
+    {"provider": ProviderName.KIE, "model": "flux-kontext/flux-kontext-pro",
+     "input": {"prompt": "a red door", "duration_s": 1.5}},
+    {"provider": ProviderName.REPLICATE, "model": f"train:acme/trainer:{'0' * 64}",
+     "input": {"destination": "demo/fine-tuned", "steps": 100, "duration_s": 2.0}},
+    {"provider": ProviderName.GATEWAY, "model": "klingai/kling-v3.0-t2v",
+     "input": {"prompt": "a paper boat", "duration": 5, "duration_s": 2.0}},
+    {"provider": ProviderName.GEMINI, "model": "veo-3.1-generate-preview",
+     "input": {"instances": [{"prompt": "tide pools"}], "parameters": {"duration_s": 2.0}}},
+    {"provider": ProviderName.ELEVENLABS, "model": "dubbing",
+     "input": {"source_url": "https://media.example.com/talk.mp4", "target_lang": "es", "duration_s": 2.0}},
 ]
 
 
@@ -130,7 +140,7 @@ async def _run_demo(base_url: str, api_key: str) -> None:
             r = await client.post("/v1/jobs", json={**spec, "max_credits": 10})
             r.raise_for_status()
             ids.append((spec["provider"], r.json()["id"]))
-        _say(f"submitted {len(ids)} demo jobs (sim, replicate, fal and kie through the simulator):")
+        _say(f"submitted {len(ids)} demo jobs (every provider, through the simulator):")
         last = None
         deadline = time.monotonic() + 90
         while True:
