@@ -325,11 +325,20 @@ def adopt(candidates: Sequence[Submitted], taken: Collection[str], rivals: int) 
     return left[0] if len(left) == 1 and rivals == 0 else None
 
 
+def callback_registered(facts: ProviderFacts, callback_url: str | None, submitted: Submitted) -> bool:
+    """Whether a webhook can close this job (so its timers are only the
+    lost-webhook check): a callback URL was sent, the provider sends
+    webhooks at all (Gemini and ElevenLabs dubbing are polled), and a
+    per-job secret scheme got its secret (the Gateway's replayed start
+    carries none: no webhook of it can verify)."""
+    if callback_url is None or facts.webhook_scheme == "none":
+        return False
+    return facts.webhook_scheme != "t/v1" or submitted.webhook_secret is not None
+
+
 def _save(job: JobRecord, submitted: Submitted, *, now: dt.datetime, facts: ProviderFacts,
           callback_url: str | None) -> Save:
-    # A per-job secret scheme whose answer carried no secret (the Gateway's
-    # replayed start) can verify no webhook: poll it like a job without one.
-    registered = callback_url is not None and (facts.webhook_scheme != "t/v1" or submitted.webhook_secret is not None)
+    registered = callback_registered(facts, callback_url, submitted)
     # A task found again after an in-doubt submit may have finished long
     # ago, its webhook refused while we had no task id: look now.
     first = 0.0 if job.was_in_doubt else timers.first_check_delay(

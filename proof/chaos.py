@@ -57,15 +57,20 @@ DEFAULT_FAULTS = {
     "status_error": 0.05,
     "download_error": 0.05,
 }
+# Each provider's models in the mix, one picked at random per job: KIE's Market
+# and two of its families, the Gateway's url videos and (google/) base64 ones.
 MODELS = {
-    "sim": "image-fast",
-    "replicate": "black-forest-labs/flux-schnell",
-    "fal": "fal-ai/flux/dev",
-    "kie": "veo3_fast",
+    "sim": ("image-fast",),
+    "replicate": ("black-forest-labs/flux-schnell",),
+    "fal": ("fal-ai/flux/dev",),
+    "kie": ("veo3_fast", "veo/veo3_fast", "suno/V4_5"),
+    "gateway": ("klingai/kling-v3.0-t2v", "google/veo-3.1-generate-001"),
+    "gemini": ("veo-3.1-generate-preview",),
+    "elevenlabs": ("dubbing",),
 }
 # Model names the adapter refuses before any call: the job fails submit_rejected.
-REJECTED_MODELS = {"replicate": "not a model", "fal": "../nope"}
-PROVIDER_WEIGHTS = {"sim": 4, "replicate": 2, "fal": 2, "kie": 2}
+REJECTED_MODELS = {"replicate": "not a model", "fal": "../nope", "gateway": "no-creator"}
+PROVIDER_WEIGHTS = {"sim": 4, "replicate": 2, "fal": 2, "kie": 2, "gateway": 1, "gemini": 1, "elevenlabs": 1}
 
 
 @dataclass
@@ -141,7 +146,7 @@ def plan_jobs(config: ChaosConfig, rng: random.Random) -> list[JobPlan]:
     plans = []
     for i in range(config.jobs):
         provider = rng.choices(providers, weights)[0]
-        model = MODELS[provider]
+        model = rng.choice(MODELS[provider])
         roll = rng.random()
         if roll < config.long_share:
             duration = rng.uniform(*config.long_duration_s)
@@ -162,11 +167,26 @@ def plan_jobs(config: ChaosConfig, rng: random.Random) -> list[JobPlan]:
         }
         if rng.random() < config.failed_share:
             input_["outcome"] = "failed"
+        input_ = shaped_input(provider, model, input_)
         owner = config.owners if rng.random() < config.tight_share else rng.randrange(config.owners)
         cancel = rng.uniform(0.0, 4.0) if rng.random() < config.cancel_share else None
         plans.append(JobPlan(i, owner, provider, model, input_, max_credits, cancel,
                              poll=rng.random() < config.poll_share))
     return plans
+
+
+def shaped_input(provider: str, model: str, controls: dict) -> dict:
+    """A job's input as its provider's protocol takes it, the simulator's
+    controls where that protocol reads them (CONTRACT.md)."""
+    if provider == "gemini":  # the predictLongRunning body: controls in `parameters`
+        rest = dict(controls)
+        return {"instances": [{"prompt": rest.pop("prompt")}], "parameters": rest}
+    if provider == "elevenlabs":  # a dub of one language: one output; no cost to report
+        rest = {k: v for k, v in controls.items() if k not in ("outputs", "cost")}
+        return {"source_url": "https://media.example.com/talk.mp4", "target_lang": "es", **rest}
+    if model.startswith("suno/"):
+        return {"customMode": False, "instrumental": False, **controls}
+    return controls
 
 
 # --- processes ------------------------------------------------------------------------
@@ -460,7 +480,9 @@ class Chaos:
         # Real-looking secrets, so the logs can be searched for them at the end.
         self.env_secrets = {"SECRET_KEY": secrets.token_urlsafe(32),
                         "REPLICATE_API_TOKEN": "r8_" + secrets.token_urlsafe(24),
-                        "FAL_KEY": secrets.token_urlsafe(24), "KIE_API_KEY": secrets.token_urlsafe(24)}
+                        "FAL_KEY": secrets.token_urlsafe(24), "KIE_API_KEY": secrets.token_urlsafe(24),
+                        "AI_GATEWAY_API_KEY": secrets.token_urlsafe(24), "GEMINI_API_KEY": secrets.token_urlsafe(24),
+                        "ELEVENLABS_API_KEY": secrets.token_urlsafe(24)}
         self.api_keys: dict[str, str] = {}
 
     def say(self, line: str) -> None:
@@ -485,6 +507,9 @@ class Chaos:
             "FAL_BASE_URL": f"{self.sim_url}/fal",
             "FAL_JWKS_URL": f"{self.sim_url}/fal/.well-known/jwks.json",
             "KIE_BASE_URL": f"{self.sim_url}/kie",
+            "AI_GATEWAY_BASE_URL": f"{self.sim_url}/gateway/v4/ai",
+            "GEMINI_BASE_URL": f"{self.sim_url}/gemini",
+            "ELEVENLABS_BASE_URL": f"{self.sim_url}/elevenlabs",
             **self.env_secrets,
             "PROVIDER_TIMEOUT_S": str(self.config.provider_timeout_s),
             "READ_RECHECK_AFTER_S": str(self.config.read_recheck_after_s),
@@ -643,6 +668,21 @@ class Chaos:
         return False
 
     # -- checking ------------------------------------------------------------------------------
+    async def _dubs_by_name(self, client: httpx.AsyncClient) -> Counter:
+        """ElevenLabs dubs registered no callback URL: each is named after its
+        job (the adapter's look-up rests on it), so the list attributes them."""
+        names: Counter = Counter()
+        headers = {"xi-api-key": self.env_secrets["ELEVENLABS_API_KEY"]}
+        params: dict[str, str] = {"page_size": "100"}
+        while True:
+            r = await client.get(f"{self.sim_url}/elevenlabs/v1/dubbing", params=params, headers=headers)
+            r.raise_for_status()
+            page = r.json()
+            names.update(dub["name"] for dub in page["dubs"])
+            if not page.get("has_more"):
+                return names
+            params["cursor"] = page["next_cursor"]
+
     async def check(self) -> tuple[list[Check], Counter, list[str]]:
         from app import db
         from app.storage import open_storage
@@ -651,10 +691,12 @@ class Chaos:
             r = await client.get(f"{self.sim_url}/_sim/stats")
             r.raise_for_status()
             sim_stats = r.json()
+            dubs_by_name = await self._dubs_by_name(client)
         storage = open_storage(f"file://{self.workdir / 'objects'}")
         conn = await db.connect(self.pg.url, role="chaos-check")
         try:
-            checks = await invariants.system_checks(conn, sim_stats=sim_stats, storage=storage)
+            checks = await invariants.system_checks(conn, sim_stats=sim_stats, storage=storage,
+                                                    tasks_by_job=dubs_by_name)
             record = self.load.record
             checks += [
                 await invariants.accepted_creates_are_jobs(conn, record.accepted, record.refused),

@@ -727,3 +727,15 @@ def test_a_record_carries_its_claimed_task():
 def test_a_record_has_no_task_before_its_id_is_saved():
     with pytest.raises(ValueError):
         _ = JobRecord.from_row({**ROW, "provider_task_id": None}).task
+
+
+@pytest.mark.parametrize("scheme, url, secret, registered", [
+    ("standard-webhooks", "https://us.example/webhooks/replicate/j", None, True),
+    ("standard-webhooks", None, None, False),  # no PUBLIC_URL: no webhook
+    ("none", "https://us.example/webhooks/gemini/j", None, False),  # polled providers
+    ("t/v1", "https://us.example/webhooks/gateway/j", "s3cret", True),
+    ("t/v1", "https://us.example/webhooks/gateway/j", None, False),  # a replayed start without its secret
+])
+def test_callback_registered(scheme, url, secret, registered):
+    facts = dataclasses.replace(FACTS, webhook_scheme=scheme)
+    assert decide.callback_registered(facts, url, Submitted("t-1", webhook_secret=secret)) is registered

@@ -1,13 +1,25 @@
 """A provider that echoes what we sent it cannot make us repeat a secret.
 
 A real HTTP server on loopback answers every adapter's calls, each in its
-provider's own wire shape, with the failure reason set to the Authorization
+provider's own wire shape, with the failure reason set to the credential
 header it received (as it came, and wrapped in the shapes providers use for
 reasons: an object, a pydantic-style list, URL-encoded). Whatever comes of
 it — an Observation's error (the job's error column, the API response) or an
 exception message (the job's last_error, logs) — must not hold the token,
 in any form. The submit path's 4xx echoes every header and the body, whose
 callback URL carries a capability token.
+
+Each case is one adapter and one wire protocol: the KIE adapter speaks its
+Market API (`kie`) and each of its families (`kie-veo`, `kie-runway`,
+`kie-flux`, `kie-suno`), each with its own status endpoint and answer. The
+credential goes out in the header its adapter sends it in: `Authorization`
+(Replicate, fal, KIE, the Gateway's `Bearer`), `x-goog-api-key` (Gemini),
+`xi-api-key` (ElevenLabs).
+
+Where a provider documents a reason as a string (the Gateway's `error`,
+Gemini's `error.message`, ElevenLabs' `error`, KIE's families'
+`errorMessage` / `failMsg`), the object and list shapes arrive as their JSON
+text, which is how a string field carries them.
 """
 from __future__ import annotations
 
@@ -31,7 +43,10 @@ from app.providers.base import (
     Transient,
     WebhookRequest,
 )
+from app.providers.elevenlabs import ElevenLabsProvider
 from app.providers.fal import FalProvider
+from app.providers.gateway import GatewayProvider
+from app.providers.gemini import GeminiProvider
 from app.providers.kie import KieProvider
 from app.providers.replicate import ReplicateProvider
 from app.providers.sim import SimProvider
@@ -47,29 +62,61 @@ CAPABILITY = f"cap{CORE}"
 SERVER_KEY = b"masking-server-key-0123456789abcdef"
 JOB = "job_" + "e" * 24
 CALLBACK = f"http://127.0.0.1:1/webhooks/x/{JOB}?token={CAPABILITY}"
-MODELS = {"sim": "image-fast", "replicate": "acme/model", "fal": "fal-ai/flux/dev", "kie": "acme/model"}
-PROVIDERS = tuple(MODELS)
-SENDS_TOKEN = {"sim": False, "replicate": True, "fal": True, "kie": True}
+MODELS = {
+    "sim": "image-fast", "replicate": "acme/model", "fal": "fal-ai/flux/dev", "kie": "acme/model",
+    "gateway": "klingai/kling-v3.0-t2v", "gemini": "veo-3.1-generate-preview", "elevenlabs": "dubbing",
+    "kie-veo": "veo/veo3", "kie-runway": "runway/generate", "kie-flux": "flux-kontext/flux-kontext-pro",
+    "kie-suno": "suno/V4_5",
+}
+PROVIDERS = tuple(MODELS)  # the cases: an adapter and one of its wire protocols
+KIE_CASES = tuple(case for case in PROVIDERS if case.partition("-")[0] == "kie")
+SENDS_TOKEN = {case: case != "sim" for case in PROVIDERS}  # the simulator's native protocol has no credential
+KEY_HEADERS = {"gemini": "x-goog-api-key", "elevenlabs": "xi-api-key"}  # else Authorization
+# Polled providers register no webhook: no callback URL (so no capability token) is ever sent.
+NO_CALLBACK = {"gemini", "elevenlabs"}
+# A submit input each adapter accepts (so the refusal comes from the provider, not from us).
+SUBMIT_INPUT: dict[str, dict[str, Any]] = {
+    "gemini": {"instances": [{"prompt": "p"}]},
+    "elevenlabs": {"source_url": "https://media.example.com/talk.mp4", "target_lang": "es"},
+}
+# A Gemini task id is the operation's name.
+TASK_IDS = {"gemini": f"models/{MODELS['gemini']}/operations/task-1"}
 
 
-def make_adapter(name: str, base_url: str) -> Provider:
+def provider_of(case: str) -> str:
+    return case.partition("-")[0]
+
+
+def key_header(case: str) -> str:
+    """The (lower-cased) header the adapter sends its credential in."""
+    return KEY_HEADERS.get(provider_of(case), "authorization")
+
+
+def make_adapter(case: str, base_url: str) -> Provider:
+    name = provider_of(case)
     if name == "sim":
         return SimProvider(base_url, timeout_s=2)  # holds no credential
     if name == "replicate":
         return ReplicateProvider(base_url, TOKEN, timeout_s=2)
     if name == "fal":
         return FalProvider(base_url, TOKEN, jwks_url=base_url + "/jwks", timeout_s=2)
+    if name == "gateway":
+        return GatewayProvider(base_url, TOKEN, timeout_s=2)
+    if name == "gemini":
+        return GeminiProvider(base_url, TOKEN, timeout_s=2)
+    if name == "elevenlabs":
+        return ElevenLabsProvider(base_url, TOKEN, timeout_s=2)
     return KieProvider(base_url, TOKEN, secret_keys=(SERVER_KEY,), timeout_s=2)
 
 
-def task_for(name: str) -> Task:
-    return Task(task_id="task-1", model=MODELS[name])
+def task_for(case: str) -> Task:
+    return Task(task_id=TASK_IDS.get(case, "task-1"), model=MODELS[case])
 
 
-def echoed(seen: Seen) -> str:
-    """What the provider repeats back: our Authorization header, or, from
-    an adapter that sends none, every header it got."""
-    return seen.headers.get("authorization") or "; ".join(f"{k}: {v}" for k, v in seen.headers.items())
+def echoed(case: str, seen: Seen) -> str:
+    """What the provider repeats back: the header our credential went out
+    in, or, from an adapter that sends none, every header it got."""
+    return seen.headers.get(key_header(case)) or "; ".join(f"{k}: {v}" for k, v in seen.headers.items())
 
 
 # How the echo is wrapped as a provider's reason.
@@ -81,16 +128,76 @@ SHAPES: dict[str, Callable[[str], Any]] = {
 }
 
 
-def status_answer(name: str, seen: Seen, reason: Any, *, provider_state: str = "failed") -> Response:
+def as_text(reason: Any) -> str:
+    """A reason as a string field carries it: an object or list as its JSON."""
+    return reason if isinstance(reason, str) else json.dumps(reason)
+
+
+def kie_record(data: dict[str, Any], code: int = 200) -> Response:
+    return JSONResponse({"code": code, "msg": "success", "data": {"taskId": "task-1", **data}})
+
+
+def dub(**fields: Any) -> Response:
+    """A DubbingMetadataResponse (ElevenLabs' GET /v1/dubbing/{id})."""
+    return JSONResponse({"dubbing_id": "task-1", "name": JOB, "status": "dubbing", "source_language": "en",
+                         "target_languages": ["es"], "editable": False, "created_at": "2024-01-15T09:30:00Z",
+                         "media_metadata": None, "error": None, **fields})
+
+
+def status_answer(case: str, seen: Seen, reason: Any, *, provider_state: str = "failed") -> Response:
     """The status call's answer in each provider's wire shape, its failure
     reason set to `reason`."""
-    if name in ("sim", "replicate"):
+    if case in ("sim", "replicate"):
         return JSONResponse({"id": "task-1", "status": provider_state, "error": reason})
-    if name == "fal":
+    if case == "fal":
         return JSONResponse({"status": "COMPLETED", "request_id": "task-1", "error": reason,
                              "error_type": "runner_server_error"})
-    return JSONResponse({"code": 200, "msg": "success",
-                         "data": {"taskId": "task-1", "state": "fail", "failCode": "500", "failMsg": reason}})
+    if case == "gateway":  # gatewayVideoStatusResponseSchema's error answer
+        return JSONResponse({"status": "error", "error": as_text(reason)})
+    if case == "gemini":  # a done operation whose `error` is a google.rpc.Status
+        return JSONResponse({"name": TASK_IDS["gemini"], "done": True,
+                             "error": {"code": 7, "message": as_text(reason)}})
+    if case == "elevenlabs":
+        return dub(status="failed", error=as_text(reason))
+    if case in ("kie-veo", "kie-flux"):  # successFlag 3: created, but the generation failed
+        return kie_record({"successFlag": 3, "response": None, "errorCode": 500, "errorMessage": as_text(reason)})
+    if case == "kie-runway":
+        return kie_record({"state": "fail", "videoInfo": None, "failCode": 400, "failMsg": as_text(reason),
+                           "expireFlag": 0})
+    if case == "kie-suno":
+        return kie_record({"status": "GENERATE_AUDIO_FAILED", "response": None, "errorCode": 500,
+                           "errorMessage": as_text(reason)})
+    return kie_record({"state": "fail", "failCode": "500", "failMsg": reason})
+
+
+def unknown_status_answer(case: str, word: str) -> Response:
+    """A status answer whose state is `word`, in the field each protocol
+    keeps its state in."""
+    if case in ("kie", "kie-runway"):
+        return kie_record({"state": word})
+    if case in ("kie-veo", "kie-flux"):
+        return kie_record({"successFlag": word})
+    if case == "kie-suno":
+        return kie_record({"status": word})
+    if case == "gemini":  # an operation has no status word: `done` is its one state field
+        return JSONResponse({"name": TASK_IDS["gemini"], "done": word})
+    if case == "elevenlabs":
+        return dub(status=word)
+    return JSONResponse({"id": "task-1", "status": word})
+
+
+def error_body(case: str, text: str) -> dict[str, Any]:
+    """An HTTP error answer's body in the provider's documented shape,
+    its message `text`."""
+    name = provider_of(case)
+    if name == "gateway":  # @ai-sdk/gateway create-gateway-error.ts
+        return {"error": {"message": text, "type": "authentication_error", "param": None, "code": None}}
+    if name == "gemini":  # the Google API error model
+        return {"error": {"code": 401, "message": text, "status": "UNAUTHENTICATED"}}
+    if name == "elevenlabs":  # the current `detail` object
+        return {"detail": {"message": text, "type": "authentication_error", "code": "invalid_api_key",
+                           "status": "invalid_api_key", "request_id": "req_1"}}
+    return {"detail": text}
 
 
 def assert_masked(text: str) -> None:
@@ -98,14 +205,16 @@ def assert_masked(text: str) -> None:
         assert form not in text, text
 
 
-def assert_nothing_leaked(name: str, script: Script, text: str) -> None:
-    """The token went out (so the echo had something to repeat) and came
-    back masked; an adapter without a token sent none."""
+def assert_nothing_leaked(case: str, script: Script, text: str, *, quoted: bool = True) -> None:
+    """The token went out in the adapter's credential header (so the echo
+    had something to repeat) and came back masked; an adapter without a
+    token sent none. `quoted`: the message repeats the provider's text."""
     assert_masked(text)
-    sent = [s.headers.get("authorization") for s in script.seen]
-    if SENDS_TOKEN[name]:
-        assert sent and all(a is not None and TOKEN in a for a in sent)
-        assert "[redacted]" in text, text  # the echo was there, and was masked (not cut off)
+    sent = [s.headers.get(key_header(case)) for s in script.seen]
+    if SENDS_TOKEN[case]:
+        assert sent and all(a is not None and TOKEN in a for a in sent), sent
+        if quoted:
+            assert "[redacted]" in text, text  # the echo was there, and was masked (not cut off)
     else:
         assert sent and all(a is None for a in sent)
 
@@ -117,59 +226,99 @@ async def adapter_on_script(request, script):
     await adapter.aclose()
 
 
+@pytest.fixture
+async def adapter_for(script):
+    """adapter_for(case) -> an adapter on the scripted provider, closed after the test."""
+    made: list[Provider] = []
+
+    def make(case: str) -> Provider:
+        made.append(make_adapter(case, script.url))
+        return made[-1]
+
+    yield make
+    for adapter in made:
+        await adapter.aclose()
+
+
+def test_no_adapter_repr_holds_its_key(adapter_on_script):
+    _, adapter, _ = adapter_on_script
+    assert_masked(repr(adapter))
+
+
 # ------------------------------------------------------------------ status: the failure reason
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-async def test_a_failure_reason_that_echoes_the_authorization_header_is_masked(adapter_on_script, shape):
-    name, adapter, script = adapter_on_script
-    script.handler = lambda seen: status_answer(name, seen, SHAPES[shape](echoed(seen)))
-    obs = await adapter.status(task_for(name))
+async def test_a_failure_reason_that_echoes_the_credential_header_is_masked(adapter_on_script, shape):
+    case, adapter, script = adapter_on_script
+    script.handler = lambda seen: status_answer(case, seen, SHAPES[shape](echoed(case, seen)))
+    obs = await adapter.status(task_for(case))
     assert obs.state is TaskState.FAILED and obs.error
-    assert_nothing_leaked(name, script, obs.error + repr(obs))
+    assert_nothing_leaked(case, script, obs.error + repr(obs))
 
 
 @pytest.mark.parametrize("name", ["sim", "replicate"])
-async def test_a_cancelled_task_with_an_echoing_reason_is_masked(script, name):
-    adapter = make_adapter(name, script.url)
-    try:
-        state = "cancelled" if name == "sim" else "canceled"
-        script.handler = lambda seen: status_answer(name, seen, echoed(seen), provider_state=state)
-        obs = await adapter.status(task_for(name))
-        assert obs.state is TaskState.CANCELLED and obs.error
-        assert_nothing_leaked(name, script, obs.error)
-    finally:
-        await adapter.aclose()
+async def test_a_cancelled_task_with_an_echoing_reason_is_masked(adapter_for, script, name):
+    # The Gateway's `cancelled` answer carries no reason (its error is ours); no other new provider cancels.
+    adapter = adapter_for(name)
+    state = "cancelled" if name == "sim" else "canceled"
+    script.handler = lambda seen: status_answer(name, seen, echoed(name, seen), provider_state=state)
+    obs = await adapter.status(task_for(name))
+    assert obs.state is TaskState.CANCELLED and obs.error
+    assert_nothing_leaked(name, script, obs.error)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-async def test_fal_result_detail_that_echoes_is_masked(script, shape):
+async def test_fal_result_detail_that_echoes_is_masked(adapter_for, script, shape):
     """fal's older answers: the status says COMPLETED, the response URL
     carries the failure as `detail` (a model's 422, or a request error)."""
-    adapter = make_adapter("fal", script.url)
-    try:
-        def handler(seen: Seen) -> Response:
-            if seen.path.endswith("/status"):
-                return JSONResponse({"status": "COMPLETED", "request_id": "task-1"})
-            return JSONResponse({"detail": SHAPES[shape](echoed(seen))}, status_code=422)
+    adapter = adapter_for("fal")
 
-        script.handler = handler
-        obs = await adapter.status(task_for("fal"))
-        assert obs.state is TaskState.FAILED and obs.error
-        assert_nothing_leaked("fal", script, obs.error)
+    def handler(seen: Seen) -> Response:
+        if seen.path.endswith("/status"):
+            return JSONResponse({"status": "COMPLETED", "request_id": "task-1"})
+        return JSONResponse({"detail": SHAPES[shape](echoed("fal", seen))}, status_code=422)
 
-        def hiccup(seen: Seen) -> Response:  # not the request's outcome: asked again, with fal's words
-            if seen.path.endswith("/status"):
-                return JSONResponse({"status": "COMPLETED", "request_id": "task-1"})
-            return JSONResponse({"detail": SHAPES[shape](echoed(seen)), "error_type": "internal_error"},
-                                status_code=500)
+    script.handler = handler
+    obs = await adapter.status(task_for("fal"))
+    assert obs.state is TaskState.FAILED and obs.error
+    assert_nothing_leaked("fal", script, obs.error)
 
-        script.handler = hiccup
-        with pytest.raises(Transient) as caught:
-            await adapter.status(task_for("fal"))
-        assert_nothing_leaked("fal", script, str(caught.value) + repr(caught.value))
-    finally:
-        await adapter.aclose()
+    def hiccup(seen: Seen) -> Response:  # not the request's outcome: asked again, with fal's words
+        if seen.path.endswith("/status"):
+            return JSONResponse({"status": "COMPLETED", "request_id": "task-1"})
+        return JSONResponse({"detail": SHAPES[shape](echoed("fal", seen)), "error_type": "internal_error"},
+                            status_code=500)
+
+    script.handler = hiccup
+    with pytest.raises(Transient) as caught:
+        await adapter.status(task_for("fal"))
+    assert_nothing_leaked("fal", script, str(caught.value) + repr(caught.value))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_gemini_filter_reasons_that_echo_are_masked(adapter_for, script, shape):
+    """Gemini's other free text: a done operation whose every sample was
+    filtered names Google's reasons (`raiMediaFilteredReasons`, strings)."""
+    adapter = adapter_for("gemini")
+    script.handler = lambda seen: JSONResponse({"name": TASK_IDS["gemini"], "done": True, "response": {
+        "@type": "type.googleapis.com/google.ai.generativelanguage.v1beta.PredictLongRunningResponse",
+        "generateVideoResponse": {"raiMediaFilteredCount": 1,
+                                  "raiMediaFilteredReasons": [as_text(SHAPES[shape](echoed("gemini", seen)))]}}})
+    obs = await adapter.status(task_for("gemini"))
+    assert obs.state is TaskState.FAILED and obs.error and "filtered" in obs.error
+    assert_nothing_leaked("gemini", script, obs.error + repr(obs))
+
+
+async def test_a_gateway_video_of_an_unknown_type_that_echoes_is_masked(adapter_for, script):
+    """The Gateway's other free text: a completed answer's video `type`
+    (url, base64, uploaded) is quoted when it is none of those."""
+    adapter = adapter_for("gateway")
+    script.handler = lambda seen: JSONResponse({"status": "completed", "videos": [
+        {"type": echoed("gateway", seen), "mediaType": "video/mp4"}]})
+    obs = await adapter.status(task_for("gateway"))
+    assert obs.state is TaskState.FAILED and obs.error
+    assert_nothing_leaked("gateway", script, obs.error + repr(obs))
 
 
 # ------------------------------------------------------------------ status: exception messages
@@ -177,78 +326,99 @@ async def test_fal_result_detail_that_echoes_is_masked(script, shape):
 
 async def test_an_unknown_status_that_echoes_is_masked(adapter_on_script):
     """The status word itself is provider text: an unknown one is quoted in
-    the exception, masked first and only then cut short."""
-    name, adapter, script = adapter_on_script
-
-    def handler(seen: Seen) -> Response:
-        if name == "kie":
-            return JSONResponse({"code": 200, "data": {"taskId": "task-1", "state": echoed(seen)}})
-        return JSONResponse({"id": "task-1", "status": echoed(seen)})
-
-    script.handler = handler
+    the exception, masked first and only then cut short. Gemini has no
+    status word (an operation is `done` or not): a `done` that is not a
+    boolean is refused without quoting it."""
+    case, adapter, script = adapter_on_script
+    script.handler = lambda seen: unknown_status_answer(case, echoed(case, seen))
     with pytest.raises(Transient) as caught:
-        await adapter.status(task_for(name))
-    assert_nothing_leaked(name, script, str(caught.value) + repr(caught.value))
+        await adapter.status(task_for(case))
+    assert_nothing_leaked(case, script, str(caught.value) + repr(caught.value), quoted=case != "gemini")
 
 
 @pytest.mark.parametrize("status", [401, 500, 503])
 async def test_an_http_error_that_echoes_is_masked(adapter_on_script, status):
-    name, adapter, script = adapter_on_script
-    script.handler = lambda seen: JSONResponse({"detail": echoed(seen)}, status_code=status)
+    case, adapter, script = adapter_on_script
+    script.handler = lambda seen: JSONResponse(error_body(case, echoed(case, seen)), status_code=status)
     with pytest.raises(Transient) as caught:
-        await adapter.status(task_for(name))
-    assert_nothing_leaked(name, script, str(caught.value) + repr(caught.value))
+        await adapter.status(task_for(case))
+    assert_nothing_leaked(case, script, str(caught.value) + repr(caught.value))
 
 
-async def test_kie_body_code_error_that_echoes_is_masked(script):
-    adapter = make_adapter("kie", script.url)
-    try:
-        script.handler = lambda seen: JSONResponse({"code": 500, "msg": echoed(seen), "data": None})
-        with pytest.raises(Transient) as caught:
-            await adapter.status(task_for("kie"))
-        assert_nothing_leaked("kie", script, str(caught.value))
-    finally:
-        await adapter.aclose()
+@pytest.mark.parametrize("case", KIE_CASES)
+async def test_kie_body_code_error_that_echoes_is_masked(adapter_for, script, case):
+    adapter = adapter_for(case)
+    script.handler = lambda seen: JSONResponse({"code": 500, "msg": echoed(case, seen), "data": None})
+    with pytest.raises(Transient) as caught:
+        await adapter.status(task_for(case))
+    assert_nothing_leaked(case, script, str(caught.value))
+
+
+@pytest.mark.parametrize("case", KIE_CASES)
+async def test_kie_generation_failed_code_that_echoes_is_masked(adapter_for, script, case):
+    """Code 501 ("generation failed") ends the task with KIE's own words."""
+    adapter = adapter_for(case)
+    script.handler = lambda seen: JSONResponse({"code": 501, "msg": echoed(case, seen), "data": None})
+    obs = await adapter.status(task_for(case))
+    assert obs.state is TaskState.FAILED and obs.error
+    assert_nothing_leaked(case, script, obs.error + repr(obs))
+
+
+@pytest.mark.parametrize("status", [401, 500])
+async def test_elevenlabs_find_that_echoes_is_masked(adapter_for, script, status):
+    """ElevenLabs' look-up of a lost submit lists the account's dubs."""
+    adapter = adapter_for("elevenlabs")
+    script.handler = lambda seen: JSONResponse(error_body("elevenlabs", echoed("elevenlabs", seen)),
+                                               status_code=status)
+    request = SubmitRequest(job_id=JOB, model="dubbing", input=SUBMIT_INPUT["elevenlabs"], callback_url=None)
+    with pytest.raises(Transient) as caught:
+        await adapter.find(request)
+    assert_nothing_leaked("elevenlabs", script, str(caught.value) + repr(caught.value))
 
 
 # ------------------------------------------------------------------ submit
 
 
-def echo_everything(seen: Seen) -> str:
-    """Our Authorization first (a reason is cut at 200 characters), then
+def echo_everything(case: str, seen: Seen) -> str:
+    """Our credential header first (a reason is cut at 200 characters), then
     the request line and the body we sent (the callback URL, with its
     capability token, is in one or the other), then every other header."""
-    others = "; ".join(f"{k}: {v}" for k, v in seen.headers.items() if k != "authorization")
+    header = key_header(case)
+    others = "; ".join(f"{k}: {v}" for k, v in seen.headers.items() if k != header)
     target = f"{seen.path}?{urlencode(seen.query)}" if seen.query else seen.path
-    return f"{seen.headers.get('authorization', '')} {seen.method} {target} {seen.body.decode()} {others}"
+    return f"{seen.headers.get(header, '')} {seen.method} {target} {seen.body.decode()} {others}"
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 422])
 async def test_a_submit_refusal_that_echoes_every_header_is_masked(adapter_on_script, status):
-    name, adapter, script = adapter_on_script
-    script.handler = lambda seen: JSONResponse({"detail": echo_everything(seen)}, status_code=status)
-    request = SubmitRequest(job_id=JOB, model=MODELS[name], input={"prompt": "p"}, callback_url=CALLBACK)
+    case, adapter, script = adapter_on_script
+    script.handler = lambda seen: JSONResponse(error_body(case, echo_everything(case, seen)), status_code=status)
+    request = SubmitRequest(job_id=JOB, model=MODELS[case], input=SUBMIT_INPUT.get(case, {"prompt": "p"}),
+                            callback_url=CALLBACK)
     with pytest.raises(Rejected) as caught:
         await adapter.submit(request, JOB)
     sent = script.seen[-1]
-    assert CAPABILITY in sent.body.decode() + repr(sent.query)  # it went out, in the callback URL
-    assert_nothing_leaked(name, script, str(caught.value) + repr(caught.value))
+    if case in NO_CALLBACK:
+        assert CAPABILITY not in sent.body.decode() + repr(sent.query)  # polled: no callback goes out
+    else:
+        assert CAPABILITY in sent.body.decode() + repr(sent.query)  # it went out, in the callback URL
+    assert_nothing_leaked(case, script, str(caught.value) + repr(caught.value))
 
 
+@pytest.mark.parametrize("case", KIE_CASES)
 @pytest.mark.parametrize("shape", SHAPES)
-async def test_kie_submit_refused_by_body_code_that_echoes_is_masked(script, shape):
-    """KIE answers HTTP 200 and says no with its own `code` and `msg`."""
-    adapter = make_adapter("kie", script.url)
-    try:
-        script.handler = lambda seen: JSONResponse({"code": 422, "msg": SHAPES[shape](echo_everything(seen))})
-        request = SubmitRequest(job_id=JOB, model=MODELS["kie"], input={}, callback_url=CALLBACK)
-        with pytest.raises(ProviderError) as caught:
-            await adapter.submit(request, JOB)
-        text = str(caught.value)
-        assert_nothing_leaked("kie", script, text)
-        assert "token=" not in text  # nor the capability token KIE's adapter added itself
-    finally:
-        await adapter.aclose()
+async def test_kie_submit_refused_by_body_code_that_echoes_is_masked(adapter_for, script, shape, case):
+    """KIE answers HTTP 200 and says no with its own `code` and `msg`, on
+    the Market's create and on every family's generate."""
+    adapter = adapter_for(case)
+    script.handler = lambda seen: JSONResponse({"code": 422, "msg": SHAPES[shape](echo_everything(case, seen))})
+    request = SubmitRequest(job_id=JOB, model=MODELS[case], input={}, callback_url=CALLBACK)
+    with pytest.raises(ProviderError) as caught:
+        await adapter.submit(request, JOB)
+    text = str(caught.value)
+    assert CAPABILITY in script.seen[-1].body.decode()
+    assert_nothing_leaked(case, script, text)
+    assert "token=" not in text  # nor the capability token KIE's adapter added itself
 
 
 # ------------------------------------------------------------------ Replicate's webhook secrets
@@ -258,7 +428,7 @@ async def test_replicate_masks_its_configured_webhook_secret(script):
     adapter = ReplicateProvider(script.url, TOKEN, webhook_secret=WEBHOOK_SECRET, timeout_s=2)
     try:
         # A provider that knows the account's secret and says it.
-        script.handler = lambda seen: status_answer("replicate", seen, f"{WEBHOOK_SECRET} {echoed(seen)}")
+        script.handler = lambda seen: status_answer("replicate", seen, f"{WEBHOOK_SECRET} {echoed('replicate', seen)}")
         obs = await adapter.status(task_for("replicate"))
         assert_nothing_leaked("replicate", script, _error(obs))
     finally:
@@ -271,7 +441,7 @@ async def test_replicate_masks_the_webhook_secret_it_fetched(script):
         def handler(seen: Seen) -> Response:
             if seen.path == "/v1/webhooks/default/secret":
                 return JSONResponse({"key": WEBHOOK_SECRET})
-            return status_answer("replicate", seen, f"{WEBHOOK_SECRET} {echoed(seen)}")
+            return status_answer("replicate", seen, f"{WEBHOOK_SECRET} {echoed('replicate', seen)}")
 
         script.handler = handler
         assert await adapter.verify(_standard_webhook(WEBHOOK_SECRET))  # fetched, and now known
