@@ -382,7 +382,9 @@ async def create_by_model(request: Request) -> Response:
     return await _create(request, f"{owner}/{name}")
 
 
-async def get_prediction(request: Request) -> Response:
+async def _read(request: Request, find: Callable[[Simulator, str], Task | None], view: Callable[[Task, float], Any],
+                param: str) -> Response:
+    """GET of one prediction or training (`find` tells them apart)."""
     sim: Simulator = request.app.state.sim
     if auth_token(request, "Bearer", "Token") is None:
         return _unauthenticated()
@@ -391,21 +393,30 @@ async def get_prediction(request: Request) -> Response:
         return _throttled()
     if sim.fault("status_error"):
         return _problem(500, "Internal server error", "simulated status error")
-    task = _prediction(sim, request.path_params["prediction_id"])
+    task = find(sim, request.path_params[param])
     if task is None:
         return _not_found()
-    return JSONResponse(prediction_view(task, time.time()))
+    return JSONResponse(view(task, time.time()))
 
 
-async def cancel_prediction(request: Request) -> Response:
+async def _cancel(request: Request, find: Callable[[Simulator, str], Task | None],
+                  view: Callable[[Task, float], Any], param: str) -> Response:
     sim: Simulator = request.app.state.sim
     if auth_token(request, "Bearer", "Token") is None:
         return _unauthenticated()
-    task = _prediction(sim, request.path_params["prediction_id"])
+    task = find(sim, request.path_params[param])
     if task is None:
         return _not_found()
-    sim.cancel_task(task)  # a finished prediction is returned as it is
-    return JSONResponse(prediction_view(task, time.time()))
+    sim.cancel_task(task)  # a finished one is returned as it is
+    return JSONResponse(view(task, time.time()))
+
+
+async def get_prediction(request: Request) -> Response:
+    return await _read(request, _prediction, prediction_view, "prediction_id")
+
+
+async def cancel_prediction(request: Request) -> Response:
+    return await _cancel(request, _prediction, prediction_view, "prediction_id")
 
 
 def _prediction(sim: Simulator, task_id: str) -> Task | None:
@@ -546,29 +557,11 @@ def _training(sim: Simulator, task_id: str) -> Task | None:
 
 
 async def get_training(request: Request) -> Response:
-    sim: Simulator = request.app.state.sim
-    if auth_token(request, "Bearer", "Token") is None:
-        return _unauthenticated()
-    sim.store.stats.status_calls += 1
-    if sim.fault("throttle"):
-        return _throttled()
-    if sim.fault("status_error"):
-        return _problem(500, "Internal server error", "simulated status error")
-    task = _training(sim, request.path_params["training_id"])
-    if task is None:
-        return _not_found()
-    return JSONResponse(training_view(task, time.time()))
+    return await _read(request, _training, training_view, "training_id")
 
 
 async def cancel_training(request: Request) -> Response:
-    sim: Simulator = request.app.state.sim
-    if auth_token(request, "Bearer", "Token") is None:
-        return _unauthenticated()
-    task = _training(sim, request.path_params["training_id"])
-    if task is None:
-        return _not_found()
-    sim.cancel_task(task)  # a finished training is returned as it is
-    return JSONResponse(training_view(task, time.time()))
+    return await _cancel(request, _training, training_view, "training_id")
 
 
 async def list_trainings(request: Request) -> Response:
