@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 
 from app.embedded import EmbeddedPostgres, free_port
+from app.vocabulary import JobStatus
 from proof import invariants
 from proof.invariants import Check
 
@@ -708,7 +709,9 @@ class Chaos:
                                               {**self.env_secrets, **self.api_keys}),
             ]
             by_status = Counter()
-            for r in await conn.fetch("select status, coalesce(error_code, '-') as code, count(*) as n "
+            # Uncertain jobs have no error code: which provider they are of says why.
+            for r in await conn.fetch(f"select status, coalesce(error_code, case when status = "
+                                      f"'{JobStatus.UNCERTAIN}' then provider end, '-') as code, count(*) as n "
                                       "from jobs group by 1, 2 order by 1, 2"):
                 by_status[(r["status"], r["code"])] = r["n"]
             # The history of the first few jobs named in a violation, for diagnosis.
@@ -812,7 +815,7 @@ def _report(chaos: Chaos, checks: list[Check], by_status: Counter, histories: li
     out("")
     out(invariants.format_table(checks))
     out("")
-    out("jobs by status and error code:")
+    out("jobs by status and error code (uncertain: by provider):")
     for (status, code), n in sorted(by_status.items()):
         out(f"  {status:<11} {code:<18} {n:>6}")
     out("client answers: " + ", ".join(f"{k} x{v}" for k, v in sorted(record.answers.items()))
