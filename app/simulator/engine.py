@@ -3,6 +3,7 @@ the account keys, and the two things every protocol does (create, cancel)."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import random
 import time
@@ -44,6 +45,11 @@ class Simulator:
         # KIE's optional `webhookHmacKey` (an account setting there): None
         # sends its callbacks unsigned, as KIE does until a user enables it.
         self.kie_webhook_hmac_key: str | None = None
+
+    def count_sync_call(self, raw_body: bytes) -> None:
+        """A sync call did its work (the answer may still be dropped by a
+        fault): counted by its body, so a test sees a call made twice."""
+        self.store.stats.sync_calls_by_body[hashlib.sha256(raw_body).hexdigest()] += 1
 
     def fault(self, name: str) -> bool:
         """Roll the dice for one request against the current rate of `name`."""

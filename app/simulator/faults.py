@@ -25,6 +25,9 @@ class Faults:
     # A create or a status read answered with the protocol's documented 429
     # (and `retry-after: 1`) instead of the work.
     throttle: float = 0.0
+    # A sync call answered with Anthropic's documented 529 overloaded_error
+    # (and `retry-after: 1`) instead of the work.
+    overloaded: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.simulator import admin, elevenlabs, fal, gateway, gemini, kie, native, replicate
+from app.simulator import admin, anthropic, elevenlabs, fal, gateway, gemini, kie, native, openai, replicate
 from app.simulator.engine import DEFAULT_HOLD_S, Simulator
 from app.simulator.outputs import get_output
 from app.simulator.webhooks import DEFAULT_RETRY_DELAYS
@@ -70,6 +70,8 @@ def create_app(
         *gateway.routes,
         *gemini.routes,
         *elevenlabs.routes,
+        *anthropic.routes,
+        *openai.routes,
         *admin.routes,
         Route("/outputs/{task_id}/{index}", get_output, methods=["GET", "HEAD"]),
     ]

@@ -125,6 +125,9 @@ class Stats:
     webhooks_delivered: int = 0  # attempts answered 2xx
     webhooks_failed: int = 0  # deliveries given up after every retry
     status_calls: int = 0
+    # Sync calls that did their work, by the sha256 hex of the raw request
+    # body (fault answers sent instead of the work are not counted).
+    sync_calls_by_body: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -135,6 +138,7 @@ class Stats:
             "webhooks_delivered": self.webhooks_delivered,
             "webhooks_failed": self.webhooks_failed,
             "status_calls": self.status_calls,
+            "sync_calls_by_body": dict(self.sync_calls_by_body),
         }
 
 

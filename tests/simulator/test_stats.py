@@ -37,6 +37,7 @@ def test_creates_and_status_calls_are_counted_across_protocols(client):
         "webhooks_delivered": 0,
         "webhooks_failed": 0,
         "status_calls": 6,
+        "sync_calls_by_body": {},  # no sync call was made
     }
 
 
