@@ -19,6 +19,7 @@ MAX_OUTPUT_BYTES = 64 * 1024**3
 MAX_OUTPUTS = 100
 MAX_COST = 10**12
 MAX_OUTPUT_TTL_S = 30 * 24 * 3600.0
+MAX_TOKENS = 10**12
 
 OUTCOMES = ("succeeded", "failed")
 _CONTENT_TYPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}")
@@ -43,6 +44,9 @@ class Controls:
     content_type: str = "image/png"
     # The task answers this text instead of files (Replicate: `output` is the string).
     output_text: str | None = None
+    # The usage a sync LLM answer reports (None: the text's length / 4, rounded up).
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 def _number(value: Any, field: str, low: float, high: float, *, low_open: bool = False) -> float:
@@ -54,7 +58,7 @@ def _number(value: Any, field: str, low: float, high: float, *, low_open: bool =
     return float(value)
 
 
-def _whole(value: Any, field: str, low: int, high: int) -> int:
+def whole_number(value: Any, field: str, low: int, high: int) -> int:
     # 3.0 is accepted as 3: JSON encoders in other languages write floats freely.
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -77,11 +81,11 @@ def parse_controls(input: Mapping[str, Any]) -> Controls:
             raise ControlError("outcome", "must be 'succeeded' or 'failed'")
         values["outcome"] = input["outcome"]
     if "output_bytes" in input:
-        values["output_bytes"] = _whole(input["output_bytes"], "output_bytes", 0, MAX_OUTPUT_BYTES)
+        values["output_bytes"] = whole_number(input["output_bytes"], "output_bytes", 0, MAX_OUTPUT_BYTES)
     if "outputs" in input:
-        values["outputs"] = _whole(input["outputs"], "outputs", 0, MAX_OUTPUTS)
+        values["outputs"] = whole_number(input["outputs"], "outputs", 0, MAX_OUTPUTS)
     if "cost" in input:
-        values["cost"] = _whole(input["cost"], "cost", 0, MAX_COST)
+        values["cost"] = whole_number(input["cost"], "cost", 0, MAX_COST)
     if "output_ttl_s" in input:
         values["output_ttl_s"] = _number(
             input["output_ttl_s"], "output_ttl_s", 0.0, MAX_OUTPUT_TTL_S, low_open=True
@@ -95,4 +99,7 @@ def parse_controls(input: Mapping[str, Any]) -> Controls:
         if not isinstance(input["output_text"], str):
             raise ControlError("output_text", "must be a string")
         values["output_text"] = input["output_text"]
+    for tokens in ("input_tokens", "output_tokens"):
+        if tokens in input:
+            values[tokens] = whole_number(input[tokens], tokens, 0, MAX_TOKENS)
     return replace(defaults, **values) if values else defaults

@@ -156,6 +156,9 @@ class Store:
         self.by_protocol: dict[str, list[Task]] = {}  # creation order
         self.stats = Stats()
         self.faults = Faults()
+        # What a protocol keeps beside its tasks (ElevenLabs' speech
+        # history), forgotten with them.
+        self.protocol_state: dict[str, Any] = {}
         self._seq = 0
 
     def next_seq(self) -> int:

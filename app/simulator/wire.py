@@ -25,16 +25,32 @@ class BadBody(ValueError):
 async def read_json(request: Request, *, empty: Any = ...) -> Any:
     """The parsed JSON body (at most 1 MiB). An empty body is `empty` when
     given, an error otherwise."""
+    return parse_json(await read_body(request), empty=empty)
+
+
+class BodyTooLarge(BadBody):
+    """The body is larger than MAX_BODY."""
+
+
+async def read_body(request: Request) -> bytes:
+    """The raw body, at most 1 MiB (BodyTooLarge): read as it arrives, so an
+    oversized one is refused before it is whole. A sync call is counted by
+    these bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
-        raise BadBody("body is larger than 1 MiB")
+        raise BodyTooLarge("body is larger than 1 MiB")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY:
-            raise BadBody("body is larger than 1 MiB")
+            raise BodyTooLarge("body is larger than 1 MiB")
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes, *, empty: Any = ...) -> Any:
+    """A JSON body: finite numbers only, no NaN/Infinity; an empty one is
+    `empty` when given (BadBody otherwise, and for anything not JSON)."""
     if not raw.strip():
         if empty is not ...:
             return empty
@@ -103,7 +119,7 @@ class HoldThenDrop(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await asyncio.wait_for(_client_gone(receive), self.hold_s)
+            await asyncio.wait_for(client_gone(receive), self.hold_s)
             return  # the client went away: nobody to answer
         except TimeoutError:
             pass
@@ -117,7 +133,7 @@ class HoldThenDrop(Response):
         raise AbortConnection()
 
 
-async def _client_gone(receive: Receive) -> None:
+async def client_gone(receive: Receive) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
