@@ -250,3 +250,24 @@ async def test_secret_key_rotation_accepts_old_tokens(web, make_owner, db):
     async with after.client() as anon:
         assert (await anon.get(job["status_url"])).status_code == 404   # old key dropped: refused
         assert (await anon.get(fresh)).status_code == 200
+
+
+# A job's give-up deadline: GIVE_UP_AFTER_S_<PROVIDER> when set, else the
+# adapter's default for the model (a KIE lip-sync: 3 h; a Replicate
+# training: 24 h), else GIVE_UP_AFTER_S.
+@pytest.mark.parametrize("env, provider, model, give_up_s", [
+    ({}, "kie", "kling/ai-avatar-lip-sync", 3 * 3600),
+    ({}, "kie", "flux-2/pro-text-to-image", 7200),
+    ({}, "replicate", f"train:acme/trainer:{'0' * 64}", 24 * 3600),
+    ({"GIVE_UP_AFTER_S": "600"}, "replicate", "acme/image", 600),
+    ({"GIVE_UP_AFTER_S_KIE": "900"}, "kie", "kling/ai-avatar-lip-sync", 900),
+])
+async def test_the_give_up_deadline_is_the_models_unless_the_provider_setting_says(web, make_owner, db, env,
+                                                                                   provider, model, give_up_s):
+    server = await web(**env)
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        created = (await c.post("/v1/jobs", json={"provider": provider, "model": model,
+                                                  "input": {"destination": "acme/tuned"}, "max_credits": 5})).json()
+    row = await db.fetchrow("select created_at, deadline_at from jobs where id = $1", created["id"])
+    assert (row["deadline_at"] - row["created_at"]).total_seconds() == pytest.approx(give_up_s, abs=1)
