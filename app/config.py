@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode, urlsplit
 
+from app.models_file import ModelsFile, ModelsFileError, load_models_file
 from app.origins import is_loopback_host, origin_of
 from app.signing.tokens import make_capability_token
 from app.storage import StorageUrlError, parse_storage_url
@@ -23,6 +24,8 @@ KIE_URL = "https://api.kie.ai"
 AI_GATEWAY_URL = "https://ai-gateway.vercel.sh/v4/ai"
 GEMINI_URL = "https://generativelanguage.googleapis.com"
 ELEVENLABS_URL = "https://api.elevenlabs.io"
+ANTHROPIC_URL = "https://api.anthropic.com"
+OPENAI_URL = "https://api.openai.com/v1"
 PROVIDERS = tuple(ProviderName)  # every provider longcall has an adapter for
 # The query parameter of a callback URL that carries our capability token.
 CALLBACK_TOKEN = "token"
@@ -106,6 +109,12 @@ class Settings:
     gemini_base_url: str = GEMINI_URL
     elevenlabs_api_key: str | None = None
     elevenlabs_base_url: str = ELEVENLABS_URL
+    anthropic_api_key: str | None = None
+    anthropic_base_url: str = ANTHROPIC_URL
+    openai_api_key: str | None = None
+    openai_base_url: str = OPENAI_URL
+    # MODELS_FILE: per-model timings (and, with #14, prices and capacity).
+    models: ModelsFile = field(default_factory=lambda: ModelsFile(()))
     # KIE's optional webhook signature (its account settings' webhookHmacKey):
     # when set, a KIE callback must carry it too, besides our capability token.
     kie_webhook_hmac_key: str | None = None
@@ -124,9 +133,13 @@ class Settings:
             raise ConfigError("DATABASE_URL is required")
         return self.database_url
 
-    def give_up_after(self, provider: str, model_default: float | None = None) -> float:
-        """A new job's give-up, in seconds: GIVE_UP_AFTER_S_<PROVIDER> when
-        set, else the adapter's default for the model, else GIVE_UP_AFTER_S."""
+    def give_up_after(self, provider: str, model_default: float | None = None, *, model: str | None = None) -> float:
+        """A new job's give-up, in seconds: the models file's entry for the
+        model when it sets one, else GIVE_UP_AFTER_S_<PROVIDER> when set,
+        else the adapter's default for the model, else GIVE_UP_AFTER_S."""
+        entry = self.models.match(provider, model) if model is not None else None
+        if entry is not None and entry.give_up_after_s is not None:
+            return entry.give_up_after_s
         chosen = self.give_up_after_s_by_provider.get(provider)
         if chosen is None:
             chosen = model_default if model_default is not None else self.give_up_after_s
@@ -143,7 +156,8 @@ class Settings:
             ProviderName.SIM: self.sim_url, ProviderName.REPLICATE: self.replicate_base_url,
             ProviderName.FAL: self.fal_base_url, ProviderName.KIE: self.kie_base_url,
             ProviderName.GATEWAY: self.ai_gateway_base_url, ProviderName.GEMINI: self.gemini_base_url,
-            ProviderName.ELEVENLABS: self.elevenlabs_base_url}
+            ProviderName.ELEVENLABS: self.elevenlabs_base_url, ProviderName.ANTHROPIC: self.anthropic_base_url,
+            ProviderName.OPENAI: self.openai_base_url}
         return urls.get(provider)
 
     def plain_http_origins(self, provider: str) -> frozenset[str]:
@@ -169,6 +183,13 @@ class Settings:
             return None
         token = make_capability_token(provider, job_id, self.secret_key)
         return f"{self.public_url}/webhooks/{provider}/{job_id}?{urlencode({CALLBACK_TOKEN: token})}"
+
+
+def _models_file(env: Mapping[str, str]) -> ModelsFile:
+    try:
+        return load_models_file(env.get("MODELS_FILE") or None)
+    except ModelsFileError as e:
+        raise ConfigError(str(e)) from None
 
 
 def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
@@ -252,5 +273,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         gemini_base_url=_url(env, "GEMINI_BASE_URL", GEMINI_URL),
         elevenlabs_api_key=env.get("ELEVENLABS_API_KEY") or None,
         elevenlabs_base_url=_url(env, "ELEVENLABS_BASE_URL", ELEVENLABS_URL),
+        anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
+        anthropic_base_url=_url(env, "ANTHROPIC_BASE_URL", ANTHROPIC_URL),
+        openai_api_key=env.get("OPENAI_API_KEY") or None,
+        openai_base_url=_url(env, "OPENAI_BASE_URL", OPENAI_URL),
         kie_webhook_hmac_key=env.get("KIE_WEBHOOK_HMAC_KEY") or None,
+        models=_models_file(env),
     )

@@ -121,6 +121,7 @@ class ProviderCall(StrEnum):
     SUBMIT = "submit"
     STATUS = "status"
     CANCEL = "cancel"
+    CALL = "call"  # a sync call: the answer is the result
 
 
 class CallOutcome(StrEnum):
@@ -144,6 +145,15 @@ class ProviderName(StrEnum):
     GATEWAY = "gateway"
     GEMINI = "gemini"
     ELEVENLABS = "elevenlabs"
+    ANTHROPIC = "anthropic"
+    OPENAI = "openai"
+
+
+class ProviderKind(StrEnum):
+    """How a provider works for one model (CONTRACT.md: Providers)."""
+
+    ASYNC = "async"  # submit, then a task closed by a webhook, a read or a timer
+    SYNC = "sync"  # one call whose answer is the result; never a task
 
 
 class UsageUnit(StrEnum):

@@ -14,7 +14,7 @@ from app.config import Settings
 from app.download import DownloadPolicy, HostLimiter
 from app.metrics import Metrics
 from app.providers import build_providers, close_providers
-from app.providers.base import Provider
+from app.providers.base import Provider, ProviderFacts
 from app.signing.secretbox import SecretBox
 from app.storage import Storage, open_storage
 
@@ -44,6 +44,10 @@ class Context:
                    storage=open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url),
                    secretbox=SecretBox(settings.secret_keys), metrics=Metrics(),
                    download_dir=download_dir, host_limiter=HostLimiter(settings.downloads_per_host))
+
+    def facts_for(self, provider: Provider, model: str) -> ProviderFacts:
+        """The facts of `model`'s jobs: the adapter's, with the models file's timings over them."""
+        return self.settings.models.apply(provider.name, model, provider.facts_for(model))
 
     def download_policy(self, provider: Provider) -> DownloadPolicy:
         """How `provider`'s outputs may be fetched: https from its own output

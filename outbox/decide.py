@@ -25,6 +25,7 @@ from app.providers.base import (
     OutputValue,
     ProviderError,
     ProviderFacts,
+    ProviderKind,
     Rejected,
     Submitted,
     TaskState,
@@ -88,6 +89,7 @@ class StoreOutputs:
     url_labels: tuple[str | None, ...] = ()
     files: tuple[OutputFile, ...] = ()
     usage: tuple[Usage, ...] = ()
+    request_id: str | None = None  # a sync call's id at the provider, kept on the job
 
     def url_label(self, index: int) -> str | None:
         return self.url_labels[index] if index < len(self.url_labels) else None
@@ -145,7 +147,19 @@ class DropClaim:
     reason: str
 
 
+@dataclass(frozen=True)
+class Call:
+    """Sync: make the one call (its start saved first)."""
+
+
+@dataclass(frozen=True)
+class Recover:
+    """Sync: the call may have been made and its answer lost; look it up
+    at the provider (ElevenLabs' speech history)."""
+
+
 SettleDecision = Done | Wait | Retry | Close | AskProvider | StoreOutputs | ConfirmClaim
+SyncDecision = Close | Call | Recover | Wait | Retry | StoreOutputs
 ClaimDecision = AdoptClaim | DropClaim | Retry
 SubmitDecision = Close | Send | LookUp | Save | Retry | MarkUncertain
 FoundDecision = Save | Retry | MarkUncertain
@@ -153,6 +167,8 @@ FoundDecision = Save | Retry | MarkUncertain
 ASK_PROVIDER = AskProvider()
 SEND = Send()
 LOOK_UP = LookUp()
+CALL = Call()
+RECOVER = Recover()
 
 
 # --- the one give-up rule ---------------------------------------------------------
@@ -187,6 +203,9 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
     raised); None before the provider was asked."""
     if job is None or job.status in TERMINAL:
         return DONE
+    if job.status in (JobStatus.QUEUED, JobStatus.SUBMITTING) and facts.kind is ProviderKind.SYNC:
+        # A sync job is closed by its own call (the submit intent): no task to ask about.
+        return DONE
     if job.status in (JobStatus.QUEUED, JobStatus.SUBMITTING):
         # A webhook can beat the saved task id: ask again in a moment.
         return Wait(policy.NOT_YET_SUBMITTED_RETRY_S, "not submitted yet")
@@ -215,9 +234,13 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
     if seen.output_removed:
         # A success whose outputs are gone is not a success: nothing to deliver, nothing to charge.
         return Close(JobStatus.FAILED, JobError.OUTPUT_EXPIRED, OUTPUTS_REMOVED)
+    return _store(job, seen)
+
+
+def _store(job: JobRecord, seen: Observation) -> StoreOutputs:
     return StoreOutputs(tuple(seen.output_urls), states.charge_for(job.credits_reserved, seen.cost),
                         values=tuple(seen.values), url_labels=tuple(seen.url_labels), files=tuple(seen.files),
-                        usage=tuple(seen.usage))
+                        usage=tuple(seen.usage), request_id=seen.request_id)
 
 
 def after_confirm(task_id: str, confirmed: Submitted | ProviderError | None, *, attempts: int) -> ClaimDecision:
@@ -344,6 +367,71 @@ def _save(job: JobRecord, submitted: Submitted, *, now: dt.datetime, facts: Prov
     first = 0.0 if job.was_in_doubt else timers.first_check_delay(
         facts, callback_registered=registered, seconds_to_deadline=job.seconds_to_deadline(now))
     return Save(submitted, registered, first)
+
+
+# --- sync calls ---------------------------------------------------------------------
+
+LOST_CALL = "the call's answer was lost and cannot be found"
+CALL_MAY_RUN = "the call may still be running in a worker that lost its claim"
+NOT_FOUND_YET = "the lost call is not in the provider's records yet"
+RECOVER_AGAIN_S = 10.0  # look a lost call up again this often until its threshold
+
+
+def sync_call(job: JobRecord, result: Observation | ProviderError | None, *, now: dt.datetime, attempts: int,
+              facts: ProviderFacts) -> SyncDecision:
+    """A sync job, as begin_submit claimed it. `result`: what the call
+    returned or raised; None before anything was sent. A claim that finds
+    an earlier claim's call without a definite answer (`was_in_doubt`: its
+    worker died, or lost its claim mid-call) never calls again."""
+    if result is None:
+        expired = give_up(job.status, job.deadline_at, now)
+        if expired:
+            return expired
+        if job.was_in_doubt:
+            return RECOVER if facts.can_recover else lost_call(job, now=now, facts=facts)
+        return CALL
+    if isinstance(result, Observation):
+        return _store(job, result)
+    if isinstance(result, Rejected):
+        return Close(JobStatus.FAILED, JobError.SUBMIT_REJECTED, str(result))
+    if isinstance(result, Transient):
+        return Retry(attempts, str(result), after_s=result.retry_after or None)
+    if isinstance(result, Uncertain):
+        # Sent, and no answer: the provider may have done (and billed) the work.
+        if facts.can_recover:
+            return RECOVER
+        return Close(JobStatus.FAILED, JobError.CALL_LOST, f"{LOST_CALL}: {result}")
+    raise TypeError(f"not a call result: {type(result).__name__}")
+
+
+def lost_call(job: JobRecord, *, now: dt.datetime, facts: ProviderFacts) -> Close | Wait:
+    """A call started at `provider_call_started_at` whose answer was never
+    saved. Until the model's threshold (`stale_after_s`, never shorter than
+    the call's own timeout) it may still be running in a worker that lost
+    its claim, and may still close the job: wait. After it, no worker can
+    still hold it: `call_lost`, fully refunded (seed 000's sync sweep)."""
+    started = job.provider_call_started_at or job.created_at
+    left = (started - now).total_seconds() + facts.stale_after_s
+    if left <= 0:
+        return Close(JobStatus.FAILED, JobError.CALL_LOST, LOST_CALL)
+    return Wait(left, CALL_MAY_RUN)
+
+
+def after_recover(job: JobRecord, found: Observation | ProviderError | None, *, now: dt.datetime, attempts: int,
+                  facts: ProviderFacts) -> SyncDecision:
+    """`found`: what the provider's records hold of the lost call. Only an
+    unambiguous answer is adopted; several candidates (Rejected) are none;
+    until the threshold a call not found yet may still finish there."""
+    if isinstance(found, Observation):
+        return _store(job, found)
+    if isinstance(found, Rejected):
+        return Close(JobStatus.FAILED, JobError.CALL_LOST, f"{LOST_CALL}: {found}")
+    lost = lost_call(job, now=now, facts=facts)
+    if isinstance(lost, Close):
+        return lost
+    if isinstance(found, ProviderError):
+        return Retry(attempts, f"recover: {found}")
+    return Wait(min(lost.delay_s, RECOVER_AGAIN_S), NOT_FOUND_YET)
 
 
 # --- carrying a wait out ------------------------------------------------------------

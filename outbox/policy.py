@@ -13,7 +13,10 @@ from app.vocabulary import IntentKind
 MAX_ATTEMPTS = {IntentKind.SUBMIT: 8, IntentKind.SETTLE: 10, IntentKind.CANCEL: 5}
 NOT_YET_SUBMITTED_RETRY_S = 2.0  # settle asked before the task id is saved
 HOST_BUSY_RETRY_S = 5.0  # an output's host had no download place free: look again (no failure)
-IN_DOUBT_FIND_ATTEMPTS = 3  # look an in-doubt submit up this often before `uncertain`
+IN_DOUBT_FIND_ATTEMPTS = 3
+# A sync call's answer lives only in its worker's file: storing it is tried
+# this often (with backoff) before the answer is given up as lost.
+SYNC_STORE_ATTEMPTS = 5  # look an in-doubt submit up this often before `uncertain`
 
 
 def backoff(attempt: int, *, base_s: float = 1.0, cap_s: float = 300.0,

@@ -16,8 +16,8 @@ import logging
 from app.domain import jobs
 from app.domain.record import JobRecord
 from app.providers.base import ProviderError, Rejected, SubmitRequest, Submitted, Transient, Uncertain
-from app.vocabulary import CallOutcome, JobStatus, ProviderCall
-from outbox import decide
+from app.vocabulary import CallOutcome, JobStatus, ProviderCall, ProviderKind
+from outbox import decide, sync
 from outbox.context import Context
 from outbox.outcome import DONE, Outcome
 
@@ -32,10 +32,13 @@ async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
         return DONE
     record = JobRecord.from_row(row)
     provider = ctx.providers[record.provider]
+    facts = ctx.facts_for(provider, record.model)
+    if facts.kind is ProviderKind.SYNC:
+        return await sync.call(ctx, record, provider, facts, attempts)
     request = SubmitRequest(job_id=job_id, model=record.model, input=record.input,
                             callback_url=ctx.settings.callback_url(provider.name, job_id),
                             first_attempt_at=record.provider_call_started_at, deadline_at=record.deadline_at)
-    facts, callback_url = provider.facts_for(record.model), request.callback_url
+    callback_url = request.callback_url
 
     decision: decide.SubmitDecision = decide.submit(record, None, now=_now(), attempts=attempts, facts=facts,
                                                     callback_url=callback_url)

@@ -184,14 +184,18 @@ async def load_many(conn, job_ids: list[str]) -> dict[str, asyncpg.Record]:
 # $1 job, $2 new status, $3 charge (capped at the reservation here), $4/$5
 # error code/message, $6 statuses it may close from, $7 queue a provider cancel
 # when a task may exist, $8.. assets (index, key, bytes, sha256, type, label),
-# $14 the usage measured (JSON array; null keeps what is there).
+# $14 the usage measured (JSON array; null keeps what is there), $15 facts
+# to keep with the provider operation (a sync call's request id; null: none).
 CLOSE = f"""
 with j as (
     update jobs set status = $2,
         credits_charged = least($3::bigint, credits_reserved),
         credits_refunded = credits_reserved - least($3::bigint, credits_reserved),
         error_code = $4, error_message = $5, webhook_secret = null, claimed_task_id = null,
-        usage = coalesce($14::jsonb, usage), finished_at = now(), updated_at = now()
+        usage = coalesce($14::jsonb, usage),
+        provider_operation = case when $15::jsonb is null then provider_operation
+                                  else coalesce(provider_operation, '{{}}'::jsonb) || $15::jsonb end,
+        finished_at = now(), updated_at = now()
     where id = $1 and status = any($6::text[])
     returning id, owner_id, credits_reserved, credits_charged, credits_refunded,
               provider_task_id, provider_call_started_at
@@ -256,7 +260,8 @@ class Closed:
 async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_code: str | None = None,
                 error_message: str | None = None, cancel_at_provider: bool = False,
                 assets: Sequence[Asset] = (), from_statuses: Sequence[str] | None = None,
-                usage: Sequence[Mapping[str, Any]] | None = None) -> Closed | None:
+                usage: Sequence[Mapping[str, Any]] | None = None,
+                operation: Mapping[str, Any] | None = None) -> Closed | None:
     """Make the job terminal, with its charge/refund, slot release, secret
     erasure and intent cleanup. None when the job was not in a state this
     transition may start from (someone else closed it first)."""
@@ -272,7 +277,7 @@ async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_
         cancel_at_provider,
         [a.index for a in assets], [a.storage_key for a in assets], [a.bytes for a in assets],
         [a.sha256 for a in assets], [a.content_type for a in assets], [a.label for a in assets],
-        None if usage is None else list(usage))
+        None if usage is None else list(usage), None if operation is None else dict(operation))
     if row is None:
         return None
     return Closed(row["id"], row["owner_id"], row["credits_charged"], row["credits_refunded"],
@@ -332,6 +337,15 @@ select exists (select 1 from running) as now_running, exists (select 1 from clos
             extract(epoch from now() + make_interval(secs => $6))::text) end
 """
 
+# A sync call's start, saved before the call (the lost-call threshold and
+# a history look-up count from it), only while the job is still ours to call:
+# a job cancelled since its claim is never called.
+START_CALL = f"""
+update jobs set provider_call_started_at = now(), updated_at = now()
+where id = $1 and status = '{JobStatus.SUBMITTING}'
+returning provider_call_started_at
+"""
+
 MARK_UNCERTAIN = f"""
 update jobs set status = '{JobStatus.UNCERTAIN}', last_error = $2, updated_at = now()
 where id = $1 and status = '{JobStatus.SUBMITTING}'
@@ -375,6 +389,11 @@ async def save_task(conn, job_id: str, *, task_id: str, operation: Any, webhook_
     if row["on_closed_job"]:
         return Saved.ON_CLOSED_JOB
     return Saved.LOST
+
+
+async def start_call(conn, job_id: str) -> dt.datetime | None:
+    """The call's start as saved; None when the job is no longer submitting."""
+    return await conn.fetchval(START_CALL, job_id)
 
 
 async def submit_settled(conn, job_id: str, error: str | None) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.vocabulary import ProviderKind as ProviderKind
 from app.vocabulary import TaskState as TaskState  # adapters name it from here
 from app.vocabulary import UsageUnit as UsageUnit
 
@@ -129,6 +130,9 @@ class Observation:
     # A cancelled task that the provider stopped at the deadline it was
     # given at submit (Replicate's `Cancel-After`): the job's give-up.
     stopped_at_deadline: bool = False
+    # A sync call's own id at the provider (Anthropic's `request-id`), kept
+    # on the job for support: never a secret.
+    request_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,9 @@ class SubmitRequest:
     # The job's give-up deadline: a provider that can stop a task at a
     # deadline of its own is given it, so nothing runs (and bills) past it.
     deadline_at: dt.datetime | None = None
+    # A sync call's own timeout (the model's `timeout_s`): the answer may
+    # take this long to start, and the whole call no longer.
+    call_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,14 @@ class ProviderFacts:
     # The job's give-up deadline, seconds after it is created; None: the
     # settings' (GIVE_UP_AFTER_S, GIVE_UP_AFTER_S_<PROVIDER>).
     give_up_after_s: float | None = None
+    # Sync models (`kind` SYNC) make one `call`; for them `stale_after_s`
+    # is the lost-call threshold, counted from the call's start, and
+    # `call_timeout_s` the call's own timeout (it is never shorter).
+    kind: ProviderKind = ProviderKind.ASYNC
+    call_timeout_s: float = 600.0
+    # A lost call can be looked up at the provider (`recover`: ElevenLabs'
+    # speech history); without, it is failed `call_lost` after the threshold.
+    can_recover: bool = False
 
     def poll_delay(self, age_s: float) -> float:
         """The wait before the next check of a task submitted `age_s` ago.
@@ -223,6 +238,28 @@ class Provider:
 
     async def submit(self, request: SubmitRequest, idempotency_key: str) -> Submitted:
         raise NotImplementedError
+
+    async def call(self, request: SubmitRequest) -> Observation:
+        """Sync models: make the one paid call, bounded by the model's
+        `call_timeout_s` (`request.deadline_at` is not used), and return its
+        answer as a SUCCEEDED Observation: the answer written by the adapter
+        to `files` (capped at the adapter's max_output_bytes, with its size
+        and sha256; output 0) and its `usage` and `request_id`. Raises
+        Rejected (a 4xx: the provider did nothing it bills), Transient
+        (nothing was sent, or a 429/529/503 before any byte of the answer:
+        ask again after `retry_after`), Uncertain (anything else once the
+        request was sent: the call is lost), or OutputTooLarge (over the cap).
+        No retries of its own, ever."""
+        raise NotImplementedError
+
+    async def recover(self, request: SubmitRequest) -> Observation | None:
+        """Sync models with `can_recover`: the answer of this job's lost call
+        (made since `request.first_attempt_at`, the call's start) looked up
+        at the provider, as `call` would have returned it; None when no such
+        answer is there (yet). Raises Rejected when it cannot be told apart
+        (several match: never adopted), Transient when the look-up did not
+        work."""
+        return None
 
     async def status(self, task: Task) -> Observation:
         raise NotImplementedError

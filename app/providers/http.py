@@ -334,6 +334,86 @@ async def streamed_read(
         await response.aclose()
 
 
+# Answered before any byte of the body, these say "not now" (rate limit,
+# Anthropic's 529 overloaded, unavailable): a sync call asks again after
+# their retry-after (CONTRACT.md: Sync calls).
+SYNC_RETRY_STATUSES = (429, 503, 529)
+
+
+def call_timeout(timeout_s: float) -> httpx.Timeout:
+    """A sync call's httpx timeout: the answer may take the whole call's
+    timeout to start (an LLM thinking), connecting at most 10 s of it."""
+    return httpx.Timeout(connect=min(timeout_s, 10.0), read=timeout_s, write=timeout_s, pool=timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def sync_call(
+    client: httpx.AsyncClient,
+    provider: str,
+    method: str,
+    url: str,
+    *,
+    secrets: Secrets,
+    timeout_s: float,
+    **kwargs: Any,
+) -> AsyncIterator[httpx.Response]:
+    """Send a sync call (paid, and no provider has an idempotency key for
+    it) and yield its 2xx answer, open for the caller to stream; closed on
+    leaving. What a failure means:
+    - the connection never opened: Transient (nothing was sent);
+    - 429, 503 or 529 (before any body byte, by definition): Transient with
+      the provider's retry-after; 408 likewise (our request never arrived whole);
+    - any other 4xx: Rejected (the provider did nothing it bills);
+    - any other status, a timeout, a reset: Uncertain (the call is lost).
+    Reading the body is the caller's: `answer_error` maps its failures."""
+    request = client.build_request(method, url, timeout=call_timeout(timeout_s), **kwargs)
+    try:
+        response = await client.send(request, stream=True)
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol) as exc:
+        raise Transient(f"{provider}: could not connect ({type(exc).__name__})") from None
+    except httpx.TimeoutException as exc:
+        raise Uncertain(f"{provider}: no answer to the call in time ({type(exc).__name__})") from None
+    except httpx.HTTPError as exc:
+        raise Uncertain(f"{provider}: connection lost during the call ({type(exc).__name__})") from None
+    try:
+        status = response.status_code
+        if not 200 <= status < 300:
+            body = bytearray()
+            try:
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) >= MAX_ERROR_BODY:
+                        break
+            except httpx.HTTPError:
+                pass  # the status says what happened; the message is a courtesy
+            headers = {k: response.headers[k] for k in ("content-type", "retry-after") if k in response.headers}
+            read = httpx.Response(status, headers=headers, content=bytes(body[:MAX_ERROR_BODY]))
+            raise call_failure(read, provider, secrets=secrets)
+        yield response
+    finally:
+        await response.aclose()
+
+
+def call_failure(response: httpx.Response, provider: str, *, secrets: Secrets) -> ProviderError:
+    """What a sync call answered with an error status means (pure, on a read body)."""
+    status = response.status_code
+    detail = secrets.detail(response)
+    if status in SYNC_RETRY_STATUSES:
+        return Transient(_with_detail(f"{provider}: not now (HTTP {status})", detail),
+                         retry_after=retry_after_seconds(response.headers.get("retry-after")))
+    if status == 408:
+        return Transient(_with_detail(f"{provider}: request timeout (HTTP 408)", detail))
+    if 400 <= status < 500:
+        return Rejected(_with_detail(f"{provider}: call rejected (HTTP {status})", detail))
+    return Uncertain(_with_detail(f"{provider}: call answered HTTP {status}", detail))
+
+
+def answer_error(provider: str, exc: BaseException) -> Uncertain:
+    """A sync answer that broke while it was read (a reset, a timeout
+    between bytes): the call is lost."""
+    return Uncertain(f"{provider}: the answer broke off ({type(exc).__name__})")
+
+
 def json_body(response: httpx.Response, provider: str, error: type[ProviderError]) -> Any:
     """The parsed JSON of a response, or `error` (Uncertain after a submit,
     Transient after a read) when it is not JSON."""

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from app.download_errors import DownloadError, OutputTooLarge
-from app.providers.base import OutputFile, Transient
+from app.providers.base import OutputFile, Transient, Uncertain
 
 # Strings up to this long stay in the skeleton (ids, URLs, messages).
 SPILL_AFTER = 64 * 1024
@@ -310,3 +310,46 @@ def _spill_text(text: str, directory: str | None) -> Spilled:
     with os.fdopen(fd, "wb") as file:
         file.write(data)
     return Spilled(path, len(data))
+
+
+async def write_answer(response: httpx.Response, provider: str, *, directory: str | None, max_bytes: int,
+                       content_type: str | None, label: str | None = None) -> OutputFile:
+    """A sync call's answer body streamed to a file of its own in
+    `directory`, with the byte cap, size and sha256: the call's output 0.
+    OutputTooLarge past the cap; Uncertain (the call is lost) when the body
+    breaks off. No file is left behind on any error, cancellation included."""
+    digest = hashlib.sha256()
+    size = 0
+    fd, path = tempfile.mkstemp(prefix=".answer-", suffix=".part", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            try:
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise OutputTooLarge(f"output is larger than the {max_bytes} byte cap")
+                    digest.update(chunk)
+                    file.write(chunk)
+            except httpx.HTTPError as exc:
+                raise Uncertain(f"{provider}: the answer broke off ({type(exc).__name__})") from None
+    except BaseException:
+        os.unlink(path)
+        raise
+    return OutputFile(path=path, bytes=size, sha256=digest.hexdigest(), content_type=content_type, label=label)
+
+
+def write_json_output(value: Any, *, directory: str | None, max_bytes: int) -> OutputFile:
+    """A JSON answer we assembled (a streamed message) as output 0: compact
+    UTF-8, with the byte cap, size and sha256."""
+    data = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    if len(data) > max_bytes:
+        raise OutputTooLarge(f"output is larger than the {max_bytes} byte cap")
+    fd, path = tempfile.mkstemp(prefix=".answer-", suffix=".part", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+    except BaseException:
+        os.unlink(path)
+        raise
+    return OutputFile(path=path, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                      content_type="application/json")

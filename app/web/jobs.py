@@ -84,7 +84,8 @@ async def create_job(request: Request) -> Response:
         created = await jobs.create_job(
             request.app.state.pool, owner_id=owner_id, request_key=key, provider=provider,
             model=model, input=input_, max_credits=max_credits,
-            give_up_after_s=settings.give_up_after(provider, built[provider].facts_for(model).give_up_after_s))
+            give_up_after_s=settings.give_up_after(provider, built[provider].facts_for(model).give_up_after_s,
+                                                   model=model))
     except jobs.InsufficientCredits as e:
         raise ApiError(ApiErrorCode.INSUFFICIENT_CREDITS, str(e)) from None
     except jobs.CapacityExhausted as e:
