@@ -25,13 +25,9 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from app.providers import provider_kind
-from app.providers.base import ProviderFacts
+from app.providers.base import LOST_CALL_MARGIN_S, SYNC_CALL_TIMEOUT_S, ProviderFacts
 from app.vocabulary import ProviderKind, ProviderName
 
-# A sync call's own timeout without one in the file, and the margin the
-# lost-call threshold adds to it (CONTRACT.md: Sync calls).
-DEFAULT_CALL_TIMEOUT_S = 600.0
-LOST_CALL_MARGIN_S = 300.0
 PRICE_UNITS = ("job", "output", "second", "1k_tokens", "1k_characters", "provider")
 ENTRY_KEYS = ("provider", "model", "stale_after_s", "poll_every_s", "give_up_after_s", "timeout_s",
               "max_in_flight", "price")
@@ -154,7 +150,7 @@ def _entry(table: Mapping[str, Any], where: str) -> ModelEntry:
     if entry.timeout_s is not None and not sync:
         raise ModelsFileError(f"{where}: timeout_s applies to sync models only")
     if sync and entry.stale_after_s is not None:
-        timeout = entry.timeout_s if entry.timeout_s is not None else DEFAULT_CALL_TIMEOUT_S
+        timeout = entry.timeout_s if entry.timeout_s is not None else SYNC_CALL_TIMEOUT_S
         if entry.stale_after_s < timeout:
             raise ModelsFileError(f"{where}: stale_after_s {entry.stale_after_s:g} is shorter than the call's "
                                   f"timeout_s {timeout:g}")

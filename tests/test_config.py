@@ -77,7 +77,8 @@ async def test_sim_is_built_only_with_sim_url():
     without = build_providers(settings(), timeout_s=1)
     with_sim = build_providers(settings(SIM_URL=SIM), timeout_s=1)
     try:
-        assert set(without) == {"replicate", "fal", "kie", "gateway", "gemini", "elevenlabs"}
+        assert set(without) == {"replicate", "fal", "kie", "gateway", "gemini", "elevenlabs",
+                                "anthropic", "openai"}
         assert set(with_sim) == {"sim", *without}
         assert with_sim["sim"].facts.output_hosts == ("127.0.0.1",)
     finally:
@@ -92,7 +93,8 @@ def test_dev_sets_sim_url_and_points_keyless_providers_at_it(monkeypatch, tmp_pa
     for name in ("SIM_URL", "REPLICATE_API_TOKEN", "FAL_KEY", "KIE_API_KEY", "STORAGE_URL",
                  "REPLICATE_BASE_URL", "FAL_BASE_URL", "FAL_JWKS_URL", "KIE_BASE_URL",
                  "AI_GATEWAY_API_KEY", "AI_GATEWAY_BASE_URL", "GEMINI_API_KEY", "GEMINI_BASE_URL",
-                 "ELEVENLABS_API_KEY", "ELEVENLABS_BASE_URL"):
+                 "ELEVENLABS_API_KEY", "ELEVENLABS_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL",
+                 "OPENAI_API_KEY", "OPENAI_BASE_URL"):
         monkeypatch.setenv(name, "")  # recorded, so what dev writes is undone after the test
         monkeypatch.delenv(name)
     monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:9/none")  # no embedded server started
@@ -104,6 +106,8 @@ def test_dev_sets_sim_url_and_points_keyless_providers_at_it(monkeypatch, tmp_pa
     assert os.environ["AI_GATEWAY_BASE_URL"] == "http://127.0.0.1:8787/gateway/v4/ai"
     assert os.environ["GEMINI_BASE_URL"] == "http://127.0.0.1:8787/gemini"
     assert os.environ["ELEVENLABS_BASE_URL"] == "http://127.0.0.1:8787/elevenlabs"
+    assert os.environ["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8787/anthropic"
+    assert os.environ["OPENAI_BASE_URL"] == "http://127.0.0.1:8787/openai/v1"
     assert load_settings(dev=True).plain_http_origins("replicate") == frozenset({"http://127.0.0.1:8787"})
 
 

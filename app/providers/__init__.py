@@ -37,11 +37,13 @@ def build_providers(settings: Settings, *, timeout_s: float = 30.0,
     `spool_dir`: where adapters write outputs that came inline in an answer
     (the settler's download directory; None: the system's temp directory)."""
     # Imported here so that importing `app.providers.base` stays light.
+    from app.providers.anthropic import AnthropicProvider
     from app.providers.elevenlabs import ElevenLabsProvider
     from app.providers.fal import FalProvider
     from app.providers.gateway import GatewayProvider
     from app.providers.gemini import GeminiProvider
     from app.providers.kie import KieProvider
+    from app.providers.openai import OpenAIProvider
     from app.providers.replicate import ReplicateProvider
     from app.providers.sim import SimProvider
 
@@ -71,7 +73,13 @@ def build_providers(settings: Settings, *, timeout_s: float = 30.0,
     providers[ProviderName.GEMINI] = GeminiProvider(
         settings.gemini_base_url, settings.gemini_api_key, timeout_s=timeout_s, **inline, **stale)
     providers[ProviderName.ELEVENLABS] = ElevenLabsProvider(
-        settings.elevenlabs_base_url, settings.elevenlabs_api_key, timeout_s=timeout_s, **stale)
+        settings.elevenlabs_base_url, settings.elevenlabs_api_key, timeout_s=timeout_s, **inline, **stale)
+    # Sync: STALE_AFTER_S is a lost-webhook check, not a lost-call threshold
+    # (that one is per model: the models file's stale_after_s).
+    providers[ProviderName.ANTHROPIC] = AnthropicProvider(
+        settings.anthropic_base_url, settings.anthropic_api_key, timeout_s=timeout_s, **inline)
+    providers[ProviderName.OPENAI] = OpenAIProvider(
+        settings.openai_base_url, settings.openai_api_key, timeout_s=timeout_s, **inline)
     return providers
 
 

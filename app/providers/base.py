@@ -219,6 +219,12 @@ class ProviderFacts:
         return self.poll_delays_s[-1]
 
 
+# A sync call's default timeout, and what the lost-call threshold adds to
+# it (CONTRACT.md: Sync calls; the models file may set either).
+SYNC_CALL_TIMEOUT_S = 600.0
+LOST_CALL_MARGIN_S = 300.0
+
+
 class Provider:
     """Base class of adapters. Each I/O method maps its failures to
     Rejected / Transient / Uncertain and nothing else."""
