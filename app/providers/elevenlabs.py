@@ -1,4 +1,7 @@
-"""ElevenLabs dubbing (https://elevenlabs.io/docs/api-reference/dubbing/create;
+"""ElevenLabs: dubbing, an async task, and the sync calls speech and sound
+effects (below).
+
+Dubbing (https://elevenlabs.io/docs/api-reference/dubbing/create;
 the official client elevenlabs-python: `dubbing/raw_client.py`,
 `dubbing/audio/raw_client.py`, `types/do_dubbing_response.py`,
 `types/dubbing_metadata_response.py`).
@@ -24,20 +27,71 @@ language (`target_lang` takes one code); the dub's `target_languages` are its
 outputs, each labelled with its code, and the requested language is kept
 in the task's operation for a dub that lists none.
 
-Only the `dubbing` model exists here; the sync models
-(`text-to-speech/<voice_id>`, `sound-generation`) are refused at submit.
-
 Where the documents are silent, the choices here: the list is asked for
 `order_by=created_at&order_direction=DESCENDING` explicitly (its default
 order is not documented); a dubbed dub with no target language at all is a
 failure (nothing to fetch); `media_metadata.duration` is reported as the
 usage in seconds (the dub's media length, as ElevenLabs bills dubbing by
 the minute); an unknown `status` is a read to repeat (Transient).
+
+Sync models (https://elevenlabs.io/docs/api-reference/text-to-speech/convert,
+.../text-to-sound-effects/convert, .../history/list, .../history/get-audio;
+the official client's `text_to_speech/raw_client.py`,
+`text_to_sound_effects/raw_client.py`, `history/raw_client.py`,
+`types/speech_history_item_response.py`; the API's OpenAPI in
+elevenlabs-docs `fern/apis/api/openapi.json`). They are called, never
+submitted (`submit` refuses them; `call` refuses `dubbing`):
+- `text-to-speech/<voice_id>`: `POST /v1/text-to-speech/{voice_id}` (the
+  voice id URL-quoted; an empty one, one with a `/`, `.` or `..` is refused:
+  a dot segment would be resolved away by the URL, sending the call
+  elsewhere);
+- `sound-generation`: `POST /v1/sound-generation`.
+The job's input is the endpoint's JSON body, except the endpoint's query
+parameters, which the official client sends as the query and which are
+taken out of the input for it: `output_format`, `enable_logging` and
+`optimize_streaming_latency` for speech, `output_format` alone for sound
+effects (the client and the OpenAPI declare no other query there: any other
+key, `enable_logging` included, stays in the body as written; sound effects
+are never in the history anyway). A query value is written as the client
+writes it (`true`/`false`, `3`); null leaves it out; a value of another
+type than the documented one (a string, a boolean, an integer) is refused
+before sending, as is an input without a non-empty string `text`. The
+answer is the audio, streamed to a file of ours (output 0, of the answer's
+`Content-Type`); its usage is CHARACTERS: the `character-cost` header when
+it is a whole number, else the length of `text` (speech "costs one credit
+per character"); its `request_id` the `request-id` header. A 2xx answer
+with no byte of audio is a call whose answer we cannot use (Uncertain).
+
+A lost speech call is recovered from the speech history ("Music and SFX
+generations are not included": sound effects cannot be): the voice's `TTS`
+items are listed newest first (`voice_id`, `source=TTS`, `page_size`,
+`sort_direction=desc`, then `start_after_history_item_id`), a bounded
+number of pages (`find_max_pages`), back to the call's start less the
+clock-skew margin (`date_unix`, by ElevenLabs' clock). Only an item that is
+unambiguously this call's is adopted: source `TTS`, the same voice id, the
+same `model_id` (the input's, or the documented default
+`eleven_multilingual_v2`, the OpenAPI's default of the body's field), the
+same text exactly, made at or after that time. One such item: its audio
+(`GET /v1/history/{id}/audio`) is the answer, with the characters of `text`
+as usage (the audio read has no `character-cost`) and the item's
+`request_id`. Several: Rejected (ambiguous, never adopted); none: None. A
+window holding more pages than the bound is Rejected too (an older match
+could make the one found ambiguous). The model id is matched here rather
+than sent as the list's filter (the client describes that filter as a
+"search term", which says nothing exact). `enable_logging=false` ("zero
+retention mode ... history features are unavailable") means no item will
+exist: None at once, nothing asked. Without the call's start time there is
+no window to tell this call's item from another's: None. A history read
+that fails, or whose audio breaks off, is Transient (a read to repeat).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -45,9 +99,13 @@ from urllib.parse import quote
 import httpx
 
 from app.providers.base import (
+    LOST_CALL_MARGIN_S,
+    SYNC_CALL_TIMEOUT_S,
     Observation,
+    OutputFile,
     Provider,
     ProviderFacts,
+    ProviderKind,
     Rejected,
     SubmitRequest,
     Submitted,
@@ -60,7 +118,18 @@ from app.providers.base import (
     WebhookRequest,
     claimed_id,
 )
-from app.providers.http import Clients, Secrets, ended, host_of, json_object, read_call, submit_call
+from app.providers.http import (
+    Clients,
+    Secrets,
+    ended,
+    host_of,
+    json_object,
+    read_call,
+    streamed_read,
+    submit_call,
+    sync_call,
+)
+from app.providers.inline import write_answer
 from app.vocabulary import ProviderName
 
 NAME = ProviderName.ELEVENLABS
@@ -88,10 +157,10 @@ FIND_ORDER = {"order_by": "created_at", "order_direction": "DESCENDING"}
 
 
 def check_model(model: str) -> None:
-    """Only the asynchronous `dubbing` exists here (pure)."""
+    """Only the asynchronous `dubbing` is submitted (pure)."""
     if model != MODEL:
         raise Rejected(f"{NAME}: model must be {MODEL}; text-to-speech/<voice_id> and sound-generation "
-                       "are not supported yet")
+                       "are sync models, called and never submitted")
 
 
 def form_value(value: Any) -> str | None:
@@ -228,14 +297,173 @@ def reaches_back_to(dubs: Sequence[Any], since: datetime) -> bool:
     return False
 
 
+# ------------------------------------------------------------------ sync calls: speech and sound effects
+
+SPEECH_PREFIX = "text-to-speech/"
+SOUND_MODEL = "sound-generation"
+# The body's `model_id` when none is given (the OpenAPI's default of
+# Body_Text_to_speech_v1_text_to_speech__voice_id__post.model_id).
+DEFAULT_SPEECH_MODEL_ID = "eleven_multilingual_v2"
+# The query parameters each endpoint declares (the official client's
+# `params=`); every other input key is the JSON body's.
+SPEECH_QUERY = ("output_format", "enable_logging", "optimize_streaming_latency")
+SOUND_QUERY = ("output_format",)
+# Each query parameter's documented type: its JSON type and how it is written.
+_QUERY_TYPES: dict[str, tuple[str, Any]] = {
+    "output_format": ("a string", lambda v: v if isinstance(v, str) else None),
+    "enable_logging": ("a boolean", lambda v: ("true" if v else "false") if isinstance(v, bool) else None),
+    "optimize_streaming_latency": ("an integer",
+                                   lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else None),
+}
+# The speech history: the list's `source` of speech, its page size (the
+# default; at most 1000).
+SPEECH_SOURCE = "TTS"
+HISTORY_PAGE_SIZE = 100
+HISTORY_ORDER = {"sort_direction": "desc"}  # newest first, said explicitly
+_WHOLE_NUMBER = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class SyncEndpoint:
+    """Where a sync model's call goes (pure data): the path under the base
+    URL, the query parameters it declares, and for speech its voice (the
+    only kind of call the history can recover)."""
+
+    path: str
+    query: tuple[str, ...]
+    voice_id: str | None = None
+
+    @property
+    def can_recover(self) -> bool:
+        return self.voice_id is not None
+
+
+def sync_endpoint(model: str) -> SyncEndpoint:
+    """The endpoint of a sync model (pure); Rejected for `dubbing` (an
+    async model: submitted) and for any other model."""
+    if model == MODEL:
+        raise Rejected(f"{NAME}: {MODEL} is an async model: it is submitted, never called")
+    if model == SOUND_MODEL:
+        return SyncEndpoint("/v1/sound-generation", SOUND_QUERY)
+    if model.startswith(SPEECH_PREFIX):
+        voice_id = model[len(SPEECH_PREFIX):]
+        # A dot segment would be resolved away by the URL: the call would go elsewhere.
+        if not voice_id or "/" in voice_id or voice_id in (".", ".."):
+            raise Rejected(f"{NAME}: model must be text-to-speech/<voice_id> with a voice id (no '/'): "
+                           f"{model[:100]!r}")
+        return SyncEndpoint(f"/v1/text-to-speech/{quote(voice_id, safe='')}", SPEECH_QUERY, voice_id)
+    raise Rejected(f"{NAME}: model must be text-to-speech/<voice_id>, {SOUND_MODEL} or {MODEL}")
+
+
+def call_text(job_input: Mapping[str, Any]) -> str:
+    """The input's `text` (pure): Rejected, before anything is sent, unless
+    it is a non-empty string."""
+    text = job_input.get("text")
+    if not isinstance(text, str) or not text:
+        raise Rejected(f"{NAME}: input.text is required: a non-empty string (the text to speak or the sound to make)")
+    return text
+
+
+def call_parts(job_input: Mapping[str, Any], endpoint: SyncEndpoint) -> tuple[dict[str, Any], dict[str, str]]:
+    """The JSON body and the query of a call (pure): the endpoint's query
+    parameters taken out of the input and written as the official client
+    writes them (null ones left out), the rest the body as it is. Rejected
+    for a query value of another type than the documented one."""
+    body: dict[str, Any] = {}
+    query: dict[str, str] = {}
+    for key, value in job_input.items():
+        if key not in endpoint.query:
+            body[key] = value
+            continue
+        if value is None:
+            continue
+        expected, write = _QUERY_TYPES[key]
+        text = write(value)
+        if text is None:
+            raise Rejected(f"{NAME}: input.{key} must be {expected} (it is sent as the query parameter {key})")
+        query[key] = text
+    return body, query
+
+
+def characters_used(character_cost: str | None, text: str) -> float:
+    """The characters a call is charged (pure): the `character-cost` header
+    when it is a whole number, else the characters of its text."""
+    if character_cost is not None and _WHOLE_NUMBER.fullmatch(character_cost.strip()):
+        return float(int(character_cost.strip()))
+    return float(len(text))
+
+
+def answered(file: OutputFile, characters: float, request_id: Any) -> Observation:
+    """A sync call's answer as its Observation (pure): the audio is output 0."""
+    return Observation(state=TaskState.SUCCEEDED, files=(file,), usage=(Usage(UsageUnit.CHARACTERS, characters),),
+                       request_id=claimed_id(request_id))
+
+
+def _date_unix(item: Mapping[str, Any]) -> int | None:
+    value = item.get("date_unix")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def history_item_matches(item: Any, *, voice_id: str, model_id: Any, text: str, since_unix: int) -> bool:
+    """Whether a history item is the generation of this call (pure): a
+    speech item (`source` TTS) of the same voice, model and text exactly,
+    made at or after `since_unix`, with an id its audio can be read by."""
+    if not isinstance(item, Mapping):
+        return False
+    made = _date_unix(item)
+    return (item.get("source") == SPEECH_SOURCE and item.get("voice_id") == voice_id
+            and item.get("model_id") == model_id and item.get("text") == text
+            and made is not None and made >= since_unix and claimed_id(item.get("history_item_id")) is not None)
+
+
+def history_matches(items: Sequence[Any], *, voice_id: str, model_id: Any, text: str,
+                    since_unix: int) -> list[Mapping[str, Any]]:
+    """The items of a history page that may be this call's (pure)."""
+    return [item for item in items
+            if history_item_matches(item, voice_id=voice_id, model_id=model_id, text=text, since_unix=since_unix)]
+
+
+def history_reaches_back(items: Sequence[Any], since_unix: int) -> bool:
+    """Whether a newest-first page holds an item made before `since_unix`
+    (pure): no later page can hold this call's."""
+    for item in items:
+        made = _date_unix(item) if isinstance(item, Mapping) else None
+        if made is not None and made < since_unix:
+            return True
+    return False
+
+
+def history_cursor(page: Mapping[str, Any]) -> str | None:
+    """Where the next history page starts (pure): after the page's last
+    item, when `has_more` says there is one."""
+    if page.get("has_more") is not True:
+        return None
+    after = page.get("last_history_item_id")
+    if not isinstance(after, str) or not after:
+        items = page.get("history")
+        last = items[-1] if isinstance(items, list) and items else None
+        after = last.get("history_item_id") if isinstance(last, Mapping) else None
+    return after if isinstance(after, str) and after else None
+
+
+def recovery_since(first_attempt_at: datetime) -> int:
+    """The earliest `date_unix` this call's item can have (pure): its start
+    by our database's clock less the margin for ElevenLabs' clock."""
+    return math.floor((first_attempt_at - timedelta(seconds=FIND_CLOCK_SKEW_S)).timestamp())
+
+
 class ElevenLabsProvider(Provider):
     def __init__(self, base_url: str, api_key: str | None, *, timeout_s: float = 30.0,
                  client: httpx.AsyncClient | None = None, stale_after_s: float = 60.0,
-                 find_max_pages: int = 5, find_max_age_s: float = 6 * 3600.0):
+                 find_max_pages: int = 5, find_max_age_s: float = 6 * 3600.0,
+                 max_output_bytes: int = 2 * 1024**3, spool_dir: str | None = None):
         self.base_url = base_url.rstrip("/")
         self._key = api_key
         self._http = Clients(timeout_s, client)
+        # Bounds both the dub list (`find`) and the speech history (`recover`).
         self._find_max_pages = find_max_pages
+        self._max_output_bytes = max_output_bytes
+        self._spool_dir = spool_dir
         self._find_max_age = timedelta(seconds=find_max_age_s)
         api_host = host_of(self.base_url)
         # No webhooks: `stale_after_s` (the lost-webhook check) never applies.
@@ -245,6 +473,20 @@ class ElevenLabsProvider(Provider):
 
     def __repr__(self) -> str:
         return f"ElevenLabsProvider({self.base_url!r})"
+
+    def facts_for(self, model: str) -> ProviderFacts:
+        """`dubbing`'s are the provider's; every other model is a sync call
+        (an unknown one is refused by `call`), recoverable from the speech
+        history when it is speech."""
+        if model == MODEL:
+            return self.facts
+        try:
+            can_recover = sync_endpoint(model).can_recover
+        except Rejected:
+            can_recover = False
+        return dataclasses.replace(self.facts, kind=ProviderKind.SYNC, call_timeout_s=SYNC_CALL_TIMEOUT_S,
+                                   stale_after_s=SYNC_CALL_TIMEOUT_S + LOST_CALL_MARGIN_S, can_recover=can_recover,
+                                   can_find=False)
 
     @property
     def _secrets(self) -> Secrets:
@@ -324,5 +566,102 @@ class ElevenLabsProvider(Provider):
     async def verify(self, webhook: WebhookRequest) -> bool:
         return False  # ElevenLabs sends no dubbing webhook: none is ours
 
+    # -------------------------------------------------------------- sync calls
+
+    async def call(self, request: SubmitRequest) -> Observation:
+        endpoint = sync_endpoint(request.model)
+        text = call_text(request.input)
+        body, query = call_parts(request.input, endpoint)
+        file: OutputFile | None = None
+        try:
+            async with sync_call(self._http.submits, NAME, "POST", f"{self.base_url}{endpoint.path}",
+                                 secrets=self._secrets, timeout_s=request.call_timeout_s, json=body, params=query,
+                                 headers=self._headers()) as response:
+                file = await write_answer(response, NAME, directory=self._spool_dir,
+                                          max_bytes=self._max_output_bytes,
+                                          content_type=response.headers.get("content-type"))
+                if file.bytes == 0:
+                    raise Uncertain(f"{NAME}: the call answered HTTP {response.status_code} with no audio")
+                return answered(file, characters_used(response.headers.get("character-cost"), text),
+                                response.headers.get("request-id"))
+        except BaseException:
+            _remove(file)
+            raise
+
+    async def recover(self, request: SubmitRequest) -> Observation | None:
+        """The lost speech call's item in the speech history (module
+        docstring): its audio as `call` would have answered it."""
+        endpoint = sync_endpoint(request.model)
+        if endpoint.voice_id is None:
+            return None  # sound effects are not in the history
+        text = call_text(request.input)
+        _, query = call_parts(request.input, endpoint)
+        if query.get("enable_logging") == "false" or request.first_attempt_at is None:
+            return None
+        model_id = request.input.get("model_id") or DEFAULT_SPEECH_MODEL_ID
+        item = await self._history_item(endpoint.voice_id, model_id, text, recovery_since(request.first_attempt_at))
+        if item is None:
+            return None
+        item_id: str = item["history_item_id"]
+        file: OutputFile | None = None
+        try:
+            async with streamed_read(self._http.reads, NAME, "GET",
+                                     f"{self.base_url}/v1/history/{quote(item_id, safe='')}/audio",
+                                     secrets=self._secrets, not_found=None, headers=self._headers()) as response:
+                declared = item.get("content_type")
+                content_type = response.headers.get("content-type") or (declared if isinstance(declared, str)
+                                                                        else None)
+                try:
+                    file = await write_answer(response, NAME, directory=self._spool_dir,
+                                              max_bytes=self._max_output_bytes, content_type=content_type)
+                except Uncertain:
+                    # A read, not the paid call: the audio is asked for again.
+                    raise Transient(f"{NAME}: the history audio broke off while it was read") from None
+            if file.bytes == 0:
+                raise Transient(f"{NAME}: the history item's audio is empty")
+            return answered(file, float(len(text)), item.get("request_id"))
+        except BaseException:
+            _remove(file)
+            raise
+
+    async def _history_item(self, voice_id: str, model_id: Any, text: str,
+                            since_unix: int) -> Mapping[str, Any] | None:
+        """The one history item that is this call's; None when there is
+        none; Rejected when several are, or the window is longer than the
+        page bound (an older one could be another match)."""
+        params: dict[str, Any] = {"voice_id": voice_id, "source": SPEECH_SOURCE, "page_size": HISTORY_PAGE_SIZE,
+                                  **HISTORY_ORDER}
+        found: dict[str, Mapping[str, Any]] = {}
+        for _ in range(self._find_max_pages):
+            response = await read_call(self._http.reads, NAME, "GET", f"{self.base_url}/v1/history", params=params,
+                                       headers=self._headers(), secrets=self._secrets, not_found=None)
+            page = json_object(response, NAME, Transient)
+            items = page.get("history")
+            if not isinstance(items, list):
+                raise Transient(f"{NAME}: history answer has no history")
+            for item in history_matches(items, voice_id=voice_id, model_id=model_id, text=text,
+                                        since_unix=since_unix):
+                found.setdefault(item["history_item_id"], item)
+            after = history_cursor(page)
+            if history_reaches_back(items, since_unix) or after is None:
+                break
+            params = {**params, "start_after_history_item_id": after}
+        else:
+            raise Rejected(f"{NAME}: the speech history since the call's start is longer than "
+                           f"{self._find_max_pages} pages: the call's item cannot be told apart")
+        if len(found) > 1:
+            raise Rejected(f"{NAME}: {len(found)} history items have this call's voice, model and text since its "
+                           "start: ambiguous, none is adopted")
+        return next(iter(found.values()), None)
+
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _remove(file: OutputFile | None) -> None:
+    """An answer's file that will not be handed over (an error after it was written)."""
+    if file is not None:
+        try:
+            os.unlink(file.path)
+        except FileNotFoundError:
+            pass
