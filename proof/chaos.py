@@ -2,11 +2,14 @@
 
 Everything real, in one temporary directory: an embedded PostgreSQL, file
 storage, the provider simulator, the web server and two settlers, each its
-own process. N jobs from several owners go in through the HTTP API over all
-four providers (the simulator speaks sim, Replicate, fal and KIE), with the
-simulator's faults on (lost, duplicated and delayed webhooks, submits that
-time out after creating the task, submit/status/download errors), some
-failing and some long tasks, client cancels and polling reads — while
+own process. N jobs from several owners go in through the HTTP API over
+every provider the simulator speaks — async tasks (sim, Replicate, fal, KIE,
+the AI Gateway, Gemini, ElevenLabs dubbing) and sync calls (Anthropic,
+OpenAI, ElevenLabs speech and sound effects, their timings from a models
+file written for the run) — with the simulator's faults on (lost,
+duplicated and delayed webhooks, submits and calls that time out after the
+work was done, submit/status/download errors), some failing and some long
+tasks, client cancels and polling reads — while
 settlers and the web server are SIGKILLed at random and restarted, and
 PostgreSQL is restarted once. When every job has closed (or is `uncertain`)
 it checks every invariant (proof/invariants.py), prints a table, and
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import resource
@@ -41,7 +45,8 @@ from typing import Any
 import httpx
 
 from app.embedded import EmbeddedPostgres, free_port
-from app.vocabulary import JobStatus
+from app.providers import provider_kind
+from app.vocabulary import JobStatus, ProviderKind
 from proof import invariants
 from proof.invariants import Check
 
@@ -59,7 +64,9 @@ DEFAULT_FAULTS = {
     "download_error": 0.05,
 }
 # Each provider's models in the mix, one picked at random per job: KIE's Market
-# and two of its families, the Gateway's url videos and (google/) base64 ones.
+# and two of its families, the Gateway's url videos and (google/) base64 ones,
+# ElevenLabs' dubs (async) beside its speech and sound effects (sync calls).
+SPEECH_MODEL = "text-to-speech/JBFqnCBsd6RMkjVDRZzb"
 MODELS = {
     "sim": ("image-fast",),
     "replicate": ("black-forest-labs/flux-schnell",),
@@ -67,11 +74,20 @@ MODELS = {
     "kie": ("veo3_fast", "veo/veo3_fast", "suno/V4_5"),
     "gateway": ("klingai/kling-v3.0-t2v", "google/veo-3.1-generate-001"),
     "gemini": ("veo-3.1-generate-preview",),
-    "elevenlabs": ("dubbing",),
+    "elevenlabs": ("dubbing", SPEECH_MODEL, "sound-generation"),
+    "anthropic": ("claude-sonnet-4-5",),
+    "openai": ("gpt-4o-mini",),
 }
+# A provider's models weighted where they are not picked evenly.
+MODEL_WEIGHTS = {"elevenlabs": (4, 1, 1)}
 # Model names the adapter refuses before any call: the job fails submit_rejected.
 REJECTED_MODELS = {"replicate": "not a model", "fal": "../nope", "gateway": "no-creator"}
-PROVIDER_WEIGHTS = {"sim": 4, "replicate": 2, "fal": 2, "kie": 2, "gateway": 1, "gemini": 1, "elevenlabs": 1}
+# Sync calls (Anthropic, OpenAI, ElevenLabs' speech and sound) are about 16%
+# of the jobs: 2 + 2 + 3 * 2/6 of 31.
+PROVIDER_WEIGHTS = {"sim": 8, "replicate": 4, "fal": 4, "kie": 4, "gateway": 2, "gemini": 2, "elevenlabs": 3,
+                    "anthropic": 2, "openai": 2}
+LLM_PROVIDERS = ("anthropic", "openai")
+LLM_MAX_TOKENS = 64
 
 
 @dataclass
@@ -147,7 +163,7 @@ def plan_jobs(config: ChaosConfig, rng: random.Random) -> list[JobPlan]:
     plans = []
     for i in range(config.jobs):
         provider = rng.choices(providers, weights)[0]
-        model = rng.choice(MODELS[provider])
+        model = rng.choices(MODELS[provider], MODEL_WEIGHTS.get(provider))[0]
         roll = rng.random()
         if roll < config.long_share:
             duration = rng.uniform(*config.long_duration_s)
@@ -168,7 +184,15 @@ def plan_jobs(config: ChaosConfig, rng: random.Random) -> list[JobPlan]:
         }
         if rng.random() < config.failed_share:
             input_["outcome"] = "failed"
-        input_ = shaped_input(provider, model, input_)
+        stream = False
+        if provider in LLM_PROVIDERS:  # the answer's text and usage, or the simulator's defaults
+            if rng.random() < 0.5:
+                input_["output_text"] = f"chaos answer {i}"
+            if rng.random() < 0.5:
+                input_["input_tokens"] = rng.randint(1, 4000)
+                input_["output_tokens"] = rng.randint(1, LLM_MAX_TOKENS)
+            stream = rng.random() < 0.5
+        input_ = shaped_input(provider, model, input_, stream=stream)
         owner = config.owners if rng.random() < config.tight_share else rng.randrange(config.owners)
         cancel = rng.uniform(0.0, 4.0) if rng.random() < config.cancel_share else None
         plans.append(JobPlan(i, owner, provider, model, input_, max_credits, cancel,
@@ -176,18 +200,58 @@ def plan_jobs(config: ChaosConfig, rng: random.Random) -> list[JobPlan]:
     return plans
 
 
-def shaped_input(provider: str, model: str, controls: dict) -> dict:
+# The controls each sync protocol's simulator route applies (the rest it
+# validates and ignores, so they are left out): an LLM's in `metadata`, the
+# speech and sound routes' in the JSON body.
+LLM_CONTROLS = ("duration_s", "outcome", "output_text", "input_tokens", "output_tokens")
+AUDIO_CONTROLS = ("duration_s", "output_bytes", "outcome")
+
+
+def shaped_input(provider: str, model: str, controls: dict, *, stream: bool = False) -> dict:
     """A job's input as its provider's protocol takes it, the simulator's
-    controls where that protocol reads them (CONTRACT.md)."""
+    controls where that protocol reads them (CONTRACT.md). Every sync job's
+    prompt carries its job's index, so its call's body is its own: a body the
+    simulator counts twice is a call made twice. `stream`: an LLM call
+    streamed (server-sent events)."""
     if provider == "gemini":  # the predictLongRunning body: controls in `parameters`
         rest = dict(controls)
         return {"instances": [{"prompt": rest.pop("prompt")}], "parameters": rest}
+    if provider in LLM_PROVIDERS:  # the Messages / Chat Completions body without `model`
+        metadata: dict[str, Any] = {k: controls[k] for k in LLM_CONTROLS if k in controls}
+        if provider == "openai":  # the API's metadata holds strings; the simulator reads numbers in them
+            metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+        body: dict[str, Any] = {"max_tokens": LLM_MAX_TOKENS,
+                                "messages": [{"role": "user", "content": controls["prompt"]}],
+                                "metadata": metadata}
+        if stream:
+            body["stream"] = True
+        return body
+    if provider == "elevenlabs" and model != "dubbing":  # speech or sound effects: one audio answer
+        body = {"text": controls["prompt"], **{k: controls[k] for k in AUDIO_CONTROLS if k in controls}}
+        if model.startswith("text-to-speech/"):
+            body["model_id"] = "eleven_multilingual_v2"
+        return body
     if provider == "elevenlabs":  # a dub of one language: one output; no cost to report
         rest = {k: v for k, v in controls.items() if k not in ("outputs", "cost")}
         return {"source_url": "https://media.example.com/talk.mp4", "target_lang": "es", **rest}
     if model.startswith("suno/"):
         return {"customMode": False, "instrumental": False, **controls}
     return controls
+
+
+def models_file(config: ChaosConfig) -> str:
+    """The models file of a run (TOML): each sync model's call times out a
+    little after the longest job's work is done, and a call lost with its
+    worker is given up (`call_lost`) soon after, well within the drain."""
+    timeout_s = math.ceil(config.long_duration_s[1]) + 10
+    stale_after_s = timeout_s + 15
+    lines = []
+    for provider, models in MODELS.items():
+        for model in models:
+            if provider_kind(provider, model) is ProviderKind.SYNC:
+                lines += ["[[models]]", f"provider = {json.dumps(provider)}", f"model = {json.dumps(model)}",
+                          f"timeout_s = {timeout_s}", f"stale_after_s = {stale_after_s}", ""]
+    return "\n".join(lines)
 
 
 # --- processes ------------------------------------------------------------------------
@@ -483,8 +547,11 @@ class Chaos:
                         "REPLICATE_API_TOKEN": "r8_" + secrets.token_urlsafe(24),
                         "FAL_KEY": secrets.token_urlsafe(24), "KIE_API_KEY": secrets.token_urlsafe(24),
                         "AI_GATEWAY_API_KEY": secrets.token_urlsafe(24), "GEMINI_API_KEY": secrets.token_urlsafe(24),
-                        "ELEVENLABS_API_KEY": secrets.token_urlsafe(24)}
+                        "ELEVENLABS_API_KEY": secrets.token_urlsafe(24),
+                        "ANTHROPIC_API_KEY": "sk-ant-" + secrets.token_urlsafe(24),
+                        "OPENAI_API_KEY": "sk-" + secrets.token_urlsafe(24)}
         self.api_keys: dict[str, str] = {}
+        self.sync_by_status: Counter = Counter()  # (provider model, status, error code) -> jobs
 
     def say(self, line: str) -> None:
         self.out(f"[{time.monotonic() - self.started:6.1f}s] {line}")
@@ -511,6 +578,9 @@ class Chaos:
             "AI_GATEWAY_BASE_URL": f"{self.sim_url}/gateway/v4/ai",
             "GEMINI_BASE_URL": f"{self.sim_url}/gemini",
             "ELEVENLABS_BASE_URL": f"{self.sim_url}/elevenlabs",
+            "ANTHROPIC_BASE_URL": f"{self.sim_url}/anthropic",
+            "OPENAI_BASE_URL": f"{self.sim_url}/openai/v1",
+            "MODELS_FILE": str(self.workdir / "models.toml"),
             **self.env_secrets,
             "PROVIDER_TIMEOUT_S": str(self.config.provider_timeout_s),
             "READ_RECHECK_AFTER_S": str(self.config.read_recheck_after_s),
@@ -537,6 +607,7 @@ class Chaos:
         await asyncio.to_thread(self.pg.start)
         self.sim_url = f"http://127.0.0.1:{free_port()}"
         self.web_url = f"http://127.0.0.1:{free_port()}"
+        (self.workdir / "models.toml").write_text(models_file(self.config))
         env = self._env()
         (self.workdir / "objects").mkdir()
         await asyncio.to_thread(self._cli, env, "migrate")
@@ -714,6 +785,12 @@ class Chaos:
                                       f"'{JobStatus.UNCERTAIN}' then provider end, '-') as code, count(*) as n "
                                       "from jobs group by 1, 2 order by 1, 2"):
                 by_status[(r["status"], r["code"])] = r["n"]
+            # The sync jobs on their own (uncertain/dubbing rows above mix them with the async ones).
+            for r in await conn.fetch("select provider, model, status, coalesce(error_code, '-') as code, "
+                                      "count(*) as n from jobs where provider = any($1::text[]) "
+                                      "group by 1, 2, 3, 4 order by 1, 2, 3, 4", list(MODELS)):
+                if provider_kind(r["provider"], r["model"]) is ProviderKind.SYNC:
+                    self.sync_by_status[(f"{r['provider']} {r['model']}", r["status"], r["code"])] = r["n"]
             # The history of the first few jobs named in a violation, for diagnosis.
             bad_jobs: dict[str, None] = {}
             for c in checks:
@@ -818,12 +895,16 @@ def _report(chaos: Chaos, checks: list[Check], by_status: Counter, histories: li
     out("jobs by status and error code (uncertain: by provider):")
     for (status, code), n in sorted(by_status.items()):
         out(f"  {status:<11} {code:<18} {n:>6}")
+    out("sync jobs by model, status and error code:")
+    for (model, status, code), n in sorted(chaos.sync_by_status.items()):
+        out(f"  {model:<46} {status:<11} {code:<18} {n:>6}")
     out("client answers: " + ", ".join(f"{k} x{v}" for k, v in sorted(record.answers.items()))
         + f"; create retries {record.create_retries}")
     stats = chaos.sim_stats
     out(f"simulator: {stats.get('tasks_created')} tasks created, {stats.get('webhooks_sent')} webhooks sent "
         f"({stats.get('webhooks_delivered')} delivered, {stats.get('webhooks_failed')} given up), "
-        f"{stats.get('status_calls')} status calls")
+        f"{stats.get('status_calls')} status calls, "
+        f"{sum((stats.get('sync_calls_by_body') or {}).values())} sync calls")
     out("faults done: " + (", ".join(f"{k} x{v}" for k, v in sorted(chaos.kills.items())) or "none"))
     creates_s = (chaos.load.creates_done_at or chaos.started) - chaos.started
     out(f"time: {elapsed:.0f} s (setup and creates {creates_s:.0f} s, clients done at {load_s:.0f} s, "

@@ -24,9 +24,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from app.domain import states
+from app.providers import provider_kind
 from app.simulator.outputs import output_sha256
 from app.storage import ObjectNotFound, Storage, StorageError, object_key
-from app.vocabulary import IN_FLIGHT, TERMINAL, JobStatus
+from app.vocabulary import IN_FLIGHT, TERMINAL, JobStatus, ProviderKind, ProviderName
 
 JOB_ID_IN_URL = re.compile(r"job_[0-9a-f]{24}")  # in a callback URL, or a violation line
 # The simulator's defaults for the `input` controls (app/simulator/controls.py).
@@ -63,6 +64,20 @@ def controls_of(provider: str, input_: dict) -> dict:
         parameters = input_.get("parameters")
         return parameters if isinstance(parameters, dict) else {}
     return input_
+
+
+def is_sync(provider: str, model: str) -> bool:
+    """A job of one sync call (CONTRACT.md: Providers): no task, its answer
+    is output 0."""
+    return provider_kind(provider, model) is ProviderKind.SYNC
+
+
+# The sync providers whose answer is JSON the adapter assembled (the final
+# Message / ChatCompletion), stored as application/json; the other sync
+# models' answers (speech, sound) are the simulator's audio bytes, keyed by
+# the call's request id.
+LLM_PROVIDERS = (ProviderName.ANTHROPIC, ProviderName.OPENAI)
+LLM_CONTENT_TYPE = "application/json"
 
 
 def _input(value: Any) -> dict:
@@ -257,9 +272,10 @@ async def one_provider_task_per_job(conn, sim_stats: Mapping[str, Any],
     (every protocol's callback URL carries our job id; `tasks_by_job` adds
     tasks attributed otherwise: ElevenLabs dubs by their name). A job with a
     saved task id and a registered callback has exactly one; a job whose
-    submit never started has none; no task belongs to a job that does not
-    exist; tasks nothing attributes are no more than the UNATTRIBUTABLE
-    providers' jobs whose submit started."""
+    submit never started has none; a sync job (one call, no task) has none
+    and no task id; no task belongs to a job that does not exist; tasks
+    nothing attributes are no more than the UNATTRIBUTABLE providers' jobs
+    whose submit started."""
     by_job: Counter = Counter(tasks_by_job or {})
     violations = []
     for url, n in (sim_stats.get("creates_by_callback_url") or {}).items():
@@ -279,12 +295,17 @@ async def one_provider_task_per_job(conn, sim_stats: Mapping[str, Any],
     for key, n in (sim_stats.get("creates_by_idempotency_key") or {}).items():
         if n > 1:
             violations.append(f"idempotency key {key}: {n} tasks")
-    rows = await conn.fetch("select id, status, provider_task_id, callback_registered, "
+    rows = await conn.fetch("select id, provider, model, status, provider_task_id, callback_registered, "
                             "provider_call_started_at from jobs")
     known = set()
     for r in rows:
         known.add(r["id"])
         n = by_job.get(r["id"], 0)
+        if is_sync(r["provider"], r["model"]):  # one call, never a task (no_sync_call_twice counts calls)
+            if n or r["provider_task_id"] is not None:
+                violations.append(f"{r['id']} ({r['status']}): a sync job with a provider task "
+                                  f"({n} counted, task id {r['provider_task_id']!r})")
+            continue
         if n > 1:
             violations.append(f"{r['id']} ({r['status']}): {n} provider tasks")
         elif n == 0 and r["provider_task_id"] is not None and r["callback_registered"]:
@@ -298,12 +319,47 @@ async def one_provider_task_per_job(conn, sim_stats: Mapping[str, Any],
                  f"({'/'.join(UNATTRIBUTABLE)}: at most {may_be_unattributed})")
 
 
+SYNC_JOBS = """
+select id, provider, model, status, provider_call_started_at is not null as called
+from jobs where provider = any($1::text[])
+"""
+
+
+async def no_sync_call_twice(conn, sim_stats: Mapping[str, Any]) -> Check:
+    """A sync call is made once per job, never again blindly (CONTRACT.md:
+    Sync calls). The simulator counts each sync call that did its work by
+    the sha256 of its raw body (`sync_calls_by_body`), and every job's body
+    is its own (its input is): a body counted twice is one job's call made
+    twice. The calls are no more than the sync jobs whose call started
+    (`provider_call_started_at`: saved before the call), and no fewer than
+    the sync jobs that succeeded (an answer no call gave is invented; one
+    recovered from a provider's record was counted when it was made)."""
+    by_body: Mapping[str, int] = sim_stats.get("sync_calls_by_body") or {}
+    violations = [f"one body (sha256 {digest[:12]}…) called {n} times" for digest, n in sorted(by_body.items())
+                  if n > 1]
+    calls = sum(by_body.values())
+    rows = [r for r in await conn.fetch(SYNC_JOBS, [ProviderName.ANTHROPIC, ProviderName.OPENAI,
+                                                    ProviderName.ELEVENLABS])
+            if is_sync(r["provider"], r["model"])]
+    called = sum(1 for r in rows if r["called"])
+    succeeded = [r for r in rows if r["status"] == JobStatus.SUCCEEDED]
+    if calls > called:
+        violations.append(f"{calls} sync calls made, but only {called} sync job(s) started a call")
+    for r in succeeded:
+        if not r["called"]:
+            violations.append(f"{r['id']} (succeeded): a sync job with no call on record")
+    if len(succeeded) > calls:
+        violations.append(f"{len(succeeded)} sync jobs succeeded, but the provider did only {calls} call(s)")
+    return Check("no sync call made twice for one job", len(rows), violations,
+                 f"{calls} calls for {called} sync jobs that started one ({len(succeeded)} succeeded)")
+
+
 # --- storage -------------------------------------------------------------------------
 
 SUCCEEDED_OUTPUTS = """
-select j.id, j.owner_id, j.status, j.provider, j.provider_task_id, j.input,
+select j.id, j.owner_id, j.status, j.provider, j.model, j.provider_task_id, j.provider_operation, j.input,
        coalesce(json_agg(json_build_object('index', a.index, 'key', a.storage_key, 'bytes', a.bytes,
-                                           'sha256', a.sha256) order by a.index)
+                                           'sha256', a.sha256, 'type', a.content_type) order by a.index)
                 filter (where a.job_id is not null), '[]'::json)::text as assets
 from jobs j left join assets a on a.job_id = j.id
 where j.status = 'succeeded' or a.job_id is not null
@@ -329,9 +385,12 @@ async def outputs_stored(conn, storage: Storage, *, simulator_bytes: bool = True
     """Every succeeded job has all its outputs in storage under the
     deterministic key, with the recorded size and sha256 (recomputed from
     the stored bytes, read back as a client's download reads them); no other job
-    has assets. With `simulator_bytes`, the bytes are also the ones the
+    has assets. A sync job has one, its answer (output 0; an LLM's is
+    `application/json`). With `simulator_bytes`, the bytes are also the ones the
     simulator produced for that task (its outputs are a pure function of
-    task id, index and size)."""
+    task id, index and size) or, for speech and sound effects, for that call
+    (keyed by the request id kept in the job's `provider_operation`); an LLM
+    answer is the adapter's JSON, held only to what was recorded."""
     rows = await conn.fetch(SUCCEEDED_OUTPUTS)
     violations: list[str] = []
     objects: list[tuple[str, dict, int | None, str | None]] = []
@@ -341,16 +400,31 @@ async def outputs_stored(conn, storage: Storage, *, simulator_bytes: bool = True
             violations.append(f"{r['id']} ({r['status']}): has {len(assets)} asset(s)")
             continue
         input_ = controls_of(r["provider"], _input(r["input"]))
-        want = int(input_.get("outputs", SIM_DEFAULT_OUTPUTS))
+        sync = is_sync(r["provider"], r["model"])
+        want = 1 if sync else int(input_.get("outputs", SIM_DEFAULT_OUTPUTS))  # a sync answer is output 0
         if [a["index"] for a in assets] != list(range(want)):
             violations.append(f"{r['id']}: assets {[a['index'] for a in assets]}, the provider made {want}")
-        size = int(input_.get("output_bytes", SIM_DEFAULT_OUTPUT_BYTES))
+        size: int | None = int(input_.get("output_bytes", SIM_DEFAULT_OUTPUT_BYTES)) if simulator_bytes else None
+        if sync:
+            # An LLM answer is JSON the adapter assembled (no simulator bytes);
+            # speech and sound are the simulator's bytes keyed by the call's
+            # request id (a WAV of `output_duration_s` is sized otherwise).
+            source = _input(r["provider_operation"]).get("request_id")
+            if r["provider"] in LLM_PROVIDERS or "output_duration_s" in input_:
+                size = None
+            elif size is not None and not isinstance(source, str):
+                violations.append(f"{r['id']}: a sync answer with no request id recorded ({source!r})")
+                size = None
+        else:
+            source = simulator_task_id(r["provider_task_id"])
         for a in assets:
             if a["key"] != object_key(r["owner_id"], r["id"], a["index"]):
                 violations.append(f"{r['id']}[{a['index']}]: stored under {a['key']!r}, not its own key")
-            expected = output_sha256(simulator_task_id(r["provider_task_id"]), a["index"], size) \
-                if simulator_bytes else None
-            objects.append((r["id"], a, size if simulator_bytes else None, expected))
+            if sync and r["provider"] in LLM_PROVIDERS and a["type"] != LLM_CONTENT_TYPE:
+                violations.append(f"{r['id']}[{a['index']}]: an LLM answer stored as {a['type']!r}, "
+                                  f"not {LLM_CONTENT_TYPE}")
+            expected = output_sha256(source, a["index"], size) if size is not None else None
+            objects.append((r["id"], a, size, expected))
 
     gate = asyncio.Semaphore(parallel)
 
@@ -460,6 +534,7 @@ async def _system_checks(conn, sim_stats, storage, simulator_bytes, tasks_by_job
         await charged_or_refunded_once(conn),
         await owner_money(conn),
         await one_provider_task_per_job(conn, sim_stats, tasks_by_job),
+        await no_sync_call_twice(conn, sim_stats),
         await outputs_stored(conn, storage, simulator_bytes=simulator_bytes),
         await active_slots(conn),
         await closed_jobs_hold_no_secret(conn),
