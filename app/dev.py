@@ -49,6 +49,15 @@ DEMO_JOBS = [
      "input": {"instances": [{"prompt": "tide pools"}], "parameters": {"duration_s": 2.0}}},
     {"provider": ProviderName.ELEVENLABS, "model": "dubbing",
      "input": {"source_url": "https://media.example.com/talk.mp4", "target_lang": "es", "duration_s": 2.0}},
+    # Sync calls: the answer is the result (an LLM message, speech).
+    {"provider": ProviderName.ANTHROPIC, "model": "claude-sonnet-4-5",
+     "input": {"max_tokens": 128, "stream": True, "metadata": {"duration_s": 1.5},
+               "messages": [{"role": "user", "content": "A haiku about calls that are never paid twice."}]}},
+    {"provider": ProviderName.OPENAI, "model": "gpt-4o-mini",
+     "input": {"messages": [{"role": "user", "content": "Say hello."}], "metadata": {"duration_s": "1"}}},
+    {"provider": ProviderName.ELEVENLABS, "model": "text-to-speech/JBFqnCBsd6RMkjVDRZzb",
+     "input": {"text": "Hello from longcall.", "model_id": "eleven_multilingual_v2", "duration_s": 1.0,
+               "output_duration_s": 2.0}},
 ]
 
 
@@ -88,7 +97,9 @@ def _prepare_environment():
             (ProviderName.KIE, "KIE_API_KEY", "KIE_BASE_URL", "/kie"),
             (ProviderName.GATEWAY, "AI_GATEWAY_API_KEY", "AI_GATEWAY_BASE_URL", "/gateway/v4/ai"),
             (ProviderName.GEMINI, "GEMINI_API_KEY", "GEMINI_BASE_URL", "/gemini"),
-            (ProviderName.ELEVENLABS, "ELEVENLABS_API_KEY", "ELEVENLABS_BASE_URL", "/elevenlabs")):
+            (ProviderName.ELEVENLABS, "ELEVENLABS_API_KEY", "ELEVENLABS_BASE_URL", "/elevenlabs"),
+            (ProviderName.ANTHROPIC, "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "/anthropic"),
+            (ProviderName.OPENAI, "OPENAI_API_KEY", "OPENAI_BASE_URL", "/openai/v1")):
         if not os.environ.get(key_var):
             os.environ[key_var] = "simulated"
             os.environ[base_var] = sim_url + path

@@ -35,8 +35,9 @@ def test_dev_runs_the_demo_and_serves_until_ctrl_c(tmp_path):
             time.sleep(0.2)
         text = "".join(out)
         assert "sim       succeeded" in text and "error: provider_failed" in text, text
-        for provider in ("replicate", "fal", "kie", "gateway", "gemini", "elevenlabs"):
+        for provider in ("replicate", "fal", "kie", "gateway", "gemini", "elevenlabs", "anthropic", "openai"):
             assert f"{provider:<9} succeeded" in text, text
+        assert text.count("elevenlabs succeeded") == 2, text  # a dub, and speech (a sync call)
         key = json.loads((tmp_path / ".longcall" / "demo.json").read_text())["api_key"]
         assert key in text  # printed once, for the user's curl line
         base = f"http://127.0.0.1:{port}"
