@@ -24,8 +24,7 @@ from decimal import Decimal, InvalidOperation
 from fnmatch import fnmatchcase
 from typing import Any
 
-from app.providers import provider_kind
-from app.providers.base import LOST_CALL_MARGIN_S, SYNC_CALL_TIMEOUT_S, ProviderFacts
+from app.providers.base import LOST_CALL_MARGIN_S, SYNC_CALL_TIMEOUT_S, ProviderFacts, provider_kind
 from app.vocabulary import ProviderKind, ProviderName
 
 PRICE_UNITS = ("job", "output", "second", "1k_tokens", "1k_characters", "provider")

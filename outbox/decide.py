@@ -81,7 +81,9 @@ class StoreOutputs:
     """Settle: the task succeeded. Copy every output into our storage (the
     URLs downloaded, then the files the adapter wrote, then the values as
     they are, indexed in that order), then close the job succeeded, charged
-    `charge`, with the usage measured."""
+    `charge` (the provider's cost capped, or the reservation) unless its
+    model has a price (app/pricing.py, on what was measured), with the
+    usage measured."""
 
     urls: tuple[str, ...]
     charge: int
@@ -90,6 +92,7 @@ class StoreOutputs:
     files: tuple[OutputFile, ...] = ()
     usage: tuple[Usage, ...] = ()
     request_id: str | None = None  # a sync call's id at the provider, kept on the job
+    cost: int | None = None  # the provider's own cost, in credits, when it reports one (a price may use it)
 
     def url_label(self, index: int) -> str | None:
         return self.url_labels[index] if index < len(self.url_labels) else None
@@ -240,7 +243,7 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
 def _store(job: JobRecord, seen: Observation) -> StoreOutputs:
     return StoreOutputs(tuple(seen.output_urls), states.charge_for(job.credits_reserved, seen.cost),
                         values=tuple(seen.values), url_labels=tuple(seen.url_labels), files=tuple(seen.files),
-                        usage=tuple(seen.usage), request_id=seen.request_id)
+                        usage=tuple(seen.usage), request_id=seen.request_id, cost=seen.cost)
 
 
 def after_confirm(task_id: str, confirmed: Submitted | ProviderError | None, *, attempts: int) -> ClaimDecision:

@@ -15,6 +15,7 @@ import logging
 import os
 import tempfile
 
+from app import media, pricing
 from app.domain import jobs
 from app.domain.record import JobRecord
 from app.download import Downloaded, DownloadError, OutputTooLarge, download_to_file
@@ -90,6 +91,7 @@ async def store_and_close(ctx: Context, job: JobRecord, provider, store: decide.
                 log.warning("storage write failed", extra={"job_id": job.id, "error": type(e).__name__})
                 return decide.later(decide.after_store_error(index, e, attempts))
             assets.append(jobs.Asset(index, key, got.bytes, got.sha256, got.content_type, label))
+        charged = await _charge(ctx, job, store, downloaded)
     finally:
         adapters = {file.path for file in store.files}
         for got, _ in downloaded:
@@ -102,13 +104,29 @@ async def store_and_close(ctx: Context, job: JobRecord, provider, store: decide.
     usage = [{"unit": u.unit.value, "amount": u.amount} for u in store.usage] or None
     operation = {"request_id": store.request_id} if store.request_id else None
     async with ctx.pool.acquire() as conn:
-        closed = await jobs.close(conn, job.id, JobStatus.SUCCEEDED, charge=store.charge, assets=assets,
-                                  usage=usage, operation=operation, from_statuses=from_statuses)
+        closed = await jobs.close(conn, job.id, JobStatus.SUCCEEDED, charge=charged.credits, assets=assets,
+                                  usage=usage, operation=operation, from_statuses=from_statuses,
+                                  price_applied=charged.applied)
     if closed is not None:
         ctx.metrics.job_finished(provider.name, JobStatus.SUCCEEDED, closed)
         log.info("job succeeded", extra={"job_id": job.id, "owner": job.owner_id, "provider": provider.name,
                                          "charged": closed.charged, "outputs": len(assets)})
     return DONE
+
+
+async def _charge(ctx: Context, job: JobRecord, store: decide.StoreOutputs,
+                  downloaded: list[tuple[Downloaded, str | None]]) -> pricing.Charge:
+    """The job's charge by its model's price, on what was measured: the
+    stored files' durations are read (from the local copies, in a thread)
+    only for a per-second price."""
+    entry = ctx.settings.models.match(job.provider, job.model)
+    price = entry.price if entry is not None else None
+    seconds = None
+    if price is not None and price.per == "second":
+        seconds = await asyncio.to_thread(media.summed_duration_s,
+                                          [(got.path, got.content_type) for got, _ in downloaded])
+    measures = pricing.Measures(len(downloaded), seconds=seconds, usage=store.usage, provider_cost=store.cost)
+    return pricing.charge(price, job.credits_reserved, measures)
 
 
 async def after_output_error(ctx: Context, job: JobRecord,

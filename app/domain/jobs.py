@@ -185,14 +185,15 @@ async def load_many(conn, job_ids: list[str]) -> dict[str, asyncpg.Record]:
 # error code/message, $6 statuses it may close from, $7 queue a provider cancel
 # when a task may exist, $8.. assets (index, key, bytes, sha256, type, label),
 # $14 the usage measured (JSON array; null keeps what is there), $15 facts
-# to keep with the provider operation (a sync call's request id; null: none).
+# to keep with the provider operation (a sync call's request id; null: none),
+# $16 how a success's charge was reached (app/pricing.py; null: none).
 CLOSE = f"""
 with j as (
     update jobs set status = $2,
         credits_charged = least($3::bigint, credits_reserved),
         credits_refunded = credits_reserved - least($3::bigint, credits_reserved),
         error_code = $4, error_message = $5, webhook_secret = null, claimed_task_id = null,
-        usage = coalesce($14::jsonb, usage),
+        usage = coalesce($14::jsonb, usage), price_applied = coalesce($16::jsonb, price_applied),
         provider_operation = case when $15::jsonb is null then provider_operation
                                   else coalesce(provider_operation, '{{}}'::jsonb) || $15::jsonb end,
         finished_at = now(), updated_at = now()
@@ -261,7 +262,8 @@ async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_
                 error_message: str | None = None, cancel_at_provider: bool = False,
                 assets: Sequence[Asset] = (), from_statuses: Sequence[str] | None = None,
                 usage: Sequence[Mapping[str, Any]] | None = None,
-                operation: Mapping[str, Any] | None = None) -> Closed | None:
+                operation: Mapping[str, Any] | None = None,
+                price_applied: Mapping[str, Any] | None = None) -> Closed | None:
     """Make the job terminal, with its charge/refund, slot release, secret
     erasure and intent cleanup. None when the job was not in a state this
     transition may start from (someone else closed it first)."""
@@ -277,7 +279,8 @@ async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_
         cancel_at_provider,
         [a.index for a in assets], [a.storage_key for a in assets], [a.bytes for a in assets],
         [a.sha256 for a in assets], [a.content_type for a in assets], [a.label for a in assets],
-        None if usage is None else list(usage), None if operation is None else dict(operation))
+        None if usage is None else list(usage), None if operation is None else dict(operation),
+        None if price_applied is None else dict(price_applied))
     if row is None:
         return None
     return Closed(row["id"], row["owner_id"], row["credits_charged"], row["credits_refunded"],

@@ -8,25 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from app.providers.base import Provider
-from app.vocabulary import ProviderKind, ProviderName
+from app.providers.base import provider_kind as provider_kind  # re-exported
+from app.vocabulary import ProviderName
 
 if TYPE_CHECKING:
     from app.config import Settings
 
 KNOWN_PROVIDERS = tuple(ProviderName)
-SYNC_PROVIDERS = (ProviderName.ANTHROPIC, ProviderName.OPENAI)
-ELEVENLABS_ASYNC_MODELS = ("dubbing",)
-
-
-def provider_kind(provider: str, model: str) -> ProviderKind:
-    """Whether jobs of `model` are one sync call or an async task (pure;
-    CONTRACT.md: Providers). Each adapter's `facts_for(model).kind` says the
-    same (tests/providers/test_adapter_suite.py holds them to it)."""
-    if provider in SYNC_PROVIDERS:
-        return ProviderKind.SYNC
-    if provider == ProviderName.ELEVENLABS and model not in ELEVENLABS_ASYNC_MODELS:
-        return ProviderKind.SYNC
-    return ProviderKind.ASYNC
 
 
 def build_providers(settings: Settings, *, timeout_s: float = 30.0,

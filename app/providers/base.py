@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.vocabulary import ProviderKind as ProviderKind
+from app.vocabulary import ProviderName
 from app.vocabulary import TaskState as TaskState  # adapters name it from here
 from app.vocabulary import UsageUnit as UsageUnit
 
@@ -350,3 +351,18 @@ def webhook_field(raw_body: bytes, *path: str) -> object:
             return None
         node = node.get(key)
     return node
+
+
+SYNC_PROVIDERS: tuple[str, ...] = (ProviderName.ANTHROPIC, ProviderName.OPENAI)
+ELEVENLABS_ASYNC_MODELS = ("dubbing",)
+
+
+def provider_kind(provider: str, model: str) -> ProviderKind:
+    """Whether jobs of `model` are one sync call or an async task (pure;
+    CONTRACT.md: Providers). Each adapter's `facts_for(model).kind` says the
+    same (tests/providers/test_adapter_suite.py holds them to it)."""
+    if provider in SYNC_PROVIDERS:
+        return ProviderKind.SYNC
+    if provider == ProviderName.ELEVENLABS and model not in ELEVENLABS_ASYNC_MODELS:
+        return ProviderKind.SYNC
+    return ProviderKind.ASYNC

@@ -23,7 +23,7 @@ from app.providers import build_providers, close_providers
 from app.signing.secretbox import SecretBox
 from app.storage import open_storage
 from app.vocabulary import ApiErrorCode
-from app.web import admin, health, jobs, openapi, webhooks
+from app.web import admin, health, jobs, models, openapi, webhooks
 from app.web.access_log import AccessLog
 from app.web.auth import require_owner
 from app.web.errors import ApiError, error_response
@@ -95,6 +95,7 @@ ROUTES = [
     Route("/v1/jobs/{job_id}/outputs/{index}", jobs.read_output, methods=["GET"]),
     Route("/v1/jobs/{job_id}/outputs/{index}", jobs.cors_preflight, methods=["OPTIONS"]),
     Route("/v1/account", account, methods=["GET"]),
+    Route("/v1/models", models.list_models, methods=["GET"]),
     Route("/v1/admin/jobs/{job_id}/resolve", admin.resolve_job, methods=["POST"]),
     Route("/webhooks/{provider}/{job_id}", webhooks.receive_webhook, methods=["POST"]),
     Route("/healthz", health.healthz, methods=["GET"]),

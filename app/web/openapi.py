@@ -11,7 +11,8 @@ from starlette.responses import JSONResponse
 
 from app.config import PROVIDERS
 from app.ids import JOB_ID, OWNER_ID
-from app.vocabulary import ALL_STATUSES, API_ERROR_STATUS, ApiErrorCode, JobError, JobStatus
+from app.models_file import PRICE_UNITS
+from app.vocabulary import ALL_STATUSES, API_ERROR_STATUS, ApiErrorCode, JobError, JobStatus, ProviderKind
 from app.web.body import (
     IDEMPOTENCY_KEY_PATTERN,
     MAX_CREDITS,
@@ -126,6 +127,18 @@ SCHEMAS = {
                         "required": ["balance", "reserved", "charged"],
                         "properties": {"balance": _INTEGER, "reserved": _INTEGER, "charged": _INTEGER}},
             "active": _INTEGER, "max_active": _INTEGER}},
+    "Model": {
+        "type": "object", "additionalProperties": False,
+        "required": ["provider", "model", "price", "give_up_after_s", "kind"],
+        "properties": {
+            "provider": {"type": "string", "enum": list(PROVIDERS)},
+            "model": _STRING,
+            "price": {"oneOf": [{"type": "null"}, {
+                "type": "object", "additionalProperties": False, "required": ["credits", "per"],
+                "properties": {"credits": {"type": "number", "minimum": 0},
+                               "per": {"type": "string", "enum": list(PRICE_UNITS)}}}]},
+            "give_up_after_s": {"type": "number"},
+            "kind": {"type": "string", "enum": [k.value for k in ProviderKind]}}},
     "Health": {"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean"},
                                                                   "database": _STRING}},
 }
@@ -233,6 +246,13 @@ PATHS = {
         "summary": "The owner's credits and capacity",
         "responses": {"200": _json("the account", {"$ref": "#/components/schemas/Account"}),
                       **_errors(E.UNAUTHENTICATED, *_DB)}}},
+    "/v1/models": {"get": {
+        "operationId": "listModels",
+        "summary": "The models file's entries: each model's price, give-up and kind (sync or async)",
+        "responses": {"200": _json("the entries, in the file's order", {
+            "type": "object", "additionalProperties": False, "required": ["models"],
+            "properties": {"models": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}}}}),
+            **_errors(E.UNAUTHENTICATED, *_DB)}}},
     "/v1/admin/jobs/{job_id}/resolve": {"post": {
         "operationId": "resolveJob",
         "summary": "Resolve an uncertain job (Authorization: Bearer ADMIN_TOKEN; 404 while it is unset)",

@@ -92,7 +92,7 @@ EXPIRE_UNSUBMITTED = Close(S.EXPIRED, JobError.GIVE_UP, "the give-up deadline pa
                            cancel_at_provider=True)
 ASK = AskProvider()
 STILL_RUNNING = Wait(3.0, "still running")
-STORE_TWO = StoreOutputs(("https://out.example/0", "https://out.example/1"), charge=3)
+STORE_TWO = StoreOutputs(("https://out.example/0", "https://out.example/1"), charge=3, cost=3)
 STORE_NONE = StoreOutputs((), charge=10)  # no cost reported: the reservation is charged
 PROVIDER_FAILED = Close(S.FAILED, JobError.PROVIDER_FAILED, "the model ran out of memory")
 PROVIDER_CANCELLED = Close(S.FAILED, JobError.PROVIDER_FAILED, "the provider reports the task cancelled")
@@ -360,7 +360,7 @@ def test_a_running_task_is_looked_at_again(age, webhook, to_deadline, wait):
 def test_a_cost_over_the_reservation_is_capped():
     seen = Observation(TaskState.SUCCEEDED, ("https://out.example/0",), cost=25)
     assert decide.settle(job(), seen, now=NOW, attempts=ATTEMPTS, facts=FACTS) == \
-        StoreOutputs(("https://out.example/0",), charge=10)
+        StoreOutputs(("https://out.example/0",), charge=10, cost=25)
 
 
 # A success in each of its forms (a running job asked about it): values are
@@ -380,7 +380,7 @@ OUTPUTS_REMOVED = Close(S.FAILED, JobError.OUTPUT_EXPIRED, "the provider removed
 SUCCESS_TABLE = [
     ("values only", "ahead", StoreOutputs((), charge=10, values=(TEXT, JSON))),
     ("values only", "passed", EXPIRE_RUNNING),
-    ("urls and values", "ahead", StoreOutputs(("https://out.example/0",), charge=3, values=(TEXT,))),
+    ("urls and values", "ahead", StoreOutputs(("https://out.example/0",), charge=3, values=(TEXT,), cost=3)),
     ("urls and values", "passed", EXPIRE_RUNNING),
     ("removed", "ahead", OUTPUTS_REMOVED),
     ("removed", "passed", EXPIRE_RUNNING),
