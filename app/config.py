@@ -97,6 +97,8 @@ class Settings:
     sweep_interval_s: float
     give_up_after_s: float
     give_up_after_s_by_provider: Mapping[str, float] = field(default_factory=dict)
+    # MAX_IN_FLIGHT_<PROVIDER>: at most this many of its jobs submitted and not closed.
+    max_in_flight_by_provider: Mapping[str, int] = field(default_factory=dict)
     log_level: str = "INFO"
     provider_timeout_s: float = 30.0
     # STALE_AFTER_S: overrides every provider's lost-webhook check (seconds
@@ -239,6 +241,12 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         if env.get(name):
             by_provider[p] = _float(env, name, 7200.0, minimum=1.0)
 
+    max_in_flight: dict[str, int] = {}
+    for p in PROVIDERS:
+        name = f"MAX_IN_FLIGHT_{p.upper()}"
+        if env.get(name):
+            max_in_flight[p] = _int(env, name, 0, minimum=1)
+
     return Settings(
         database_url=database_url,
         secret_keys=keys,
@@ -261,6 +269,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         sweep_interval_s=_float(env, "SWEEP_INTERVAL_S", 300.0),
         give_up_after_s=_float(env, "GIVE_UP_AFTER_S", 7200.0, minimum=1.0),
         give_up_after_s_by_provider=by_provider,
+        max_in_flight_by_provider=max_in_flight,
         log_level=level,
         provider_timeout_s=_float(env, "PROVIDER_TIMEOUT_S", 30.0, minimum=0.1),
         settler_lease_s=_float(env, "SETTLER_LEASE_S", 60.0, minimum=1.0),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 from starlette.applications import Starlette
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.vocabulary import IN_FLIGHT, IntentKind, sql_list
+from app.vocabulary import IN_FLIGHT, SUBMITTED, IntentKind, sql_list
 
 JOBS_CREATED = Counter("longcall_jobs_created_total", "Jobs created", ["provider"])
 JOBS_FINISHED = Counter("longcall_jobs_finished_total", "Jobs that reached a terminal state",
@@ -48,6 +49,12 @@ OUTBOX_DUE = Gauge("longcall_outbox_due_intents", "Outbox intents due now", ["ki
 OUTBOX_OLDEST_DUE = Gauge("longcall_outbox_oldest_due_seconds",
                           "Age of the oldest due, unclaimed intent (0 when none)")
 JOBS_IN_FLIGHT = Gauge("longcall_jobs_in_flight", "Jobs not yet terminal", ["status"])
+PROVIDER_SUBMITTED = Gauge("longcall_provider_submitted_jobs",
+                           "Jobs submitted and not yet closed, by provider (what MAX_IN_FLIGHT_<PROVIDER> counts)",
+                           ["provider"])
+PROVIDER_CAP = Gauge("longcall_provider_max_in_flight", "MAX_IN_FLIGHT_<PROVIDER>, where set", ["provider"])
+PROVIDER_PAUSED = Gauge("longcall_provider_paused_seconds",
+                        "Seconds left of a provider's pause (its 429's Retry-After); 0 when none", ["provider"])
 
 GAUGES_QUERY = f"""
 select 'outbox' as what, kind as label, count(*) as n,
@@ -58,10 +65,16 @@ from outbox group by kind
 union all
 select 'jobs', status, count(*), 0, 0 from jobs
 where status in {sql_list(IN_FLIGHT)} group by status
+union all
+select 'submitted', provider, count(*), 0, 0 from jobs
+where status in {sql_list(SUBMITTED)} group by provider
+union all
+select 'paused', provider, 0, 0, extract(epoch from until - now()) from provider_pauses where until > now()
 """
 
 
-async def collect_gauges(pool) -> None:
+async def collect_gauges(pool, caps: Mapping[str, int | None] | None = None) -> None:
+    """`caps`: MAX_IN_FLIGHT_<PROVIDER> of every capped provider (app/capacity.py capped_providers)."""
     rows = await pool.fetch(GAUGES_QUERY)
     oldest = 0.0
     for kind in IntentKind:
@@ -69,11 +82,20 @@ async def collect_gauges(pool) -> None:
         OUTBOX_DUE.labels(kind).set(0)
     for status in IN_FLIGHT:
         JOBS_IN_FLIGHT.labels(status).set(0)
+    for provider, cap in (caps or {}).items():
+        PROVIDER_SUBMITTED.labels(provider).set(0)
+        PROVIDER_PAUSED.labels(provider).set(0)
+        if cap is not None:
+            PROVIDER_CAP.labels(provider).set(cap)
     for r in rows:
         if r["what"] == "outbox":
             OUTBOX_INTENTS.labels(r["label"]).set(r["n"])
             OUTBOX_DUE.labels(r["label"]).set(r["due"])
             oldest = max(oldest, float(r["oldest"]))
+        elif r["what"] == "submitted":
+            PROVIDER_SUBMITTED.labels(r["label"]).set(r["n"])
+        elif r["what"] == "paused":
+            PROVIDER_PAUSED.labels(r["label"]).set(float(r["oldest"]))
         else:
             JOBS_IN_FLIGHT.labels(r["label"]).set(r["n"])
     OUTBOX_OLDEST_DUE.set(oldest)
@@ -84,14 +106,15 @@ async def scrape(request: Request) -> Response:
     # The counters are still worth serving when the gauges cannot be read.
     with contextlib.suppress(Exception):
         async with asyncio.timeout(5):
-            await collect_gauges(request.app.state.pool)
+            await collect_gauges(request.app.state.pool, getattr(request.app.state, "caps", None))
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
-def metrics_app(pool) -> Starlette:
+def metrics_app(pool, caps: Mapping[str, int | None] | None = None) -> Starlette:
     """The settler's own /metrics endpoint (`--metrics-port`)."""
     app = Starlette(routes=[Route("/metrics", scrape, methods=["GET"])])
     app.state.pool = pool
+    app.state.caps = caps or {}
     return app
 
 

@@ -2,8 +2,12 @@
 from pg_stat_activity by application name (no heartbeat table to keep)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from app import db
+from app.capacity import capped_providers
 from app.config import Settings
+from app.domain import jobs, pauses
 from app.vocabulary import ALL_STATUSES, JobError, JobStatus
 
 QUERIES = {
@@ -25,8 +29,13 @@ QUERIES = {
 }
 
 
-async def collect(conn) -> dict:
+async def collect(conn, caps: Mapping[str, int | None] | None = None) -> dict:
+    """`caps`: every capped provider and its MAX_IN_FLIGHT_<PROVIDER> (app/capacity.py)."""
     return {
+        "caps": dict(caps or {}),
+        "submitted": await jobs.submitted_by_provider(conn),
+        "pauses": await pauses.active(conn),
+        "now": await conn.fetchval("select now()"),
         "jobs": {r["status"]: r["n"] for r in await conn.fetch(QUERIES["jobs"])},
         "intents": [dict(r) for r in await conn.fetch(QUERIES["intents"])],
         "uncertain_jobs": [dict(r) for r in await conn.fetch(QUERIES["uncertain_jobs"])],
@@ -47,6 +56,14 @@ def render(s: dict) -> str:
     lines.append(f"settlers: {s['activity']['settlers']} connected "
                  f"(web connections: {s['activity']['web_connections']})")
     lines.append(f"settle_exhausted jobs: {s['exhausted']}")
+    for provider in sorted(set(s.get("caps", {})) | set(s.get("pauses", {}))):
+        cap = s["caps"].get(provider)
+        line = f"provider: {provider} {s['submitted'].get(provider, 0)} in flight"
+        line += f" of {cap}" if cap is not None else (" (capped per model)" if provider in s["caps"] else "")
+        until = s["pauses"].get(provider)
+        if until is not None:
+            line += f", paused {max(0.0, (until - s['now']).total_seconds()):.0f}s more (its 429)"
+        lines.append(line)
     resolve = " — resolve with: longcall jobs resolve JOB_ID (--task-id ID | --failed)"
     lines.append(f"uncertain jobs: {jobs.get(JobStatus.UNCERTAIN, 0)}" + (resolve if s["uncertain_jobs"] else ""))
     for u in s["uncertain_jobs"]:
@@ -57,7 +74,7 @@ def render(s: dict) -> str:
 async def status_command(settings: Settings) -> int:
     conn = await db.connect(settings.dsn, role="status")
     try:
-        print(render(await collect(conn)))
+        print(render(await collect(conn, capped_providers(settings))))
     finally:
         await conn.close()
     return 0

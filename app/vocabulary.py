@@ -31,6 +31,8 @@ class JobStatus(StrEnum):
 # In flight: holding a reservation and an active slot (`uncertain` included).
 IN_FLIGHT: tuple[JobStatus, ...] = (JobStatus.QUEUED, JobStatus.SUBMITTING, JobStatus.RUNNING,
                                     JobStatus.UNCERTAIN)
+# Submitted and not yet closed: what a provider's capacity counts (MAX_IN_FLIGHT_<PROVIDER>).
+SUBMITTED: tuple[JobStatus, ...] = (JobStatus.SUBMITTING, JobStatus.RUNNING, JobStatus.UNCERTAIN)
 TERMINAL: tuple[JobStatus, ...] = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED,
                                    JobStatus.EXPIRED)
 # Terminal with everything refunded: never charged.

@@ -2,6 +2,7 @@
 storage, the secret box, metrics. Opened once per settler process."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from app import db
+from app.capacity import capped_providers
 from app.config import Settings
 from app.download import DownloadPolicy, HostLimiter
 from app.metrics import Metrics
@@ -44,6 +46,11 @@ class Context:
                    storage=open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url),
                    secretbox=SecretBox(settings.secret_keys), metrics=Metrics(),
                    download_dir=download_dir, host_limiter=HostLimiter(settings.downloads_per_host))
+
+    @functools.cached_property
+    def capacity_limited(self) -> bool:
+        """Whether any provider has a cap (then a submit reads its job's caps first)."""
+        return bool(capped_providers(self.settings))
 
     def facts_for(self, provider: Provider, model: str) -> ProviderFacts:
         """The facts of `model`'s jobs: the adapter's, with the models file's timings over them."""

@@ -372,6 +372,26 @@ def _save(job: JobRecord, submitted: Submitted, *, now: dt.datetime, facts: Prov
     return Save(submitted, registered, first)
 
 
+# --- a claim that took nothing --------------------------------------------------------
+
+PAUSED = "the provider asked us to wait (its 429): submits to it are paused"
+WAITING_FOR_CAPACITY = "waiting for a place under the provider's cap"
+
+
+def not_claimed(status: JobStatus, has_task: bool, paused_until: dt.datetime | None, *, now: dt.datetime,
+                backstop_s: float) -> Done | Wait:
+    """Why a submit's claim of its job took nothing, and what its intent
+    does: nothing left to send (closed, or its task saved) is done; a
+    paused provider is waited out; otherwise the job is over a cap and waits
+    to be woken when a place frees (`backstop_s`: in case the wake is
+    lost). Neither wait counts as a failed attempt."""
+    if status not in (JobStatus.QUEUED, JobStatus.SUBMITTING) or has_task:
+        return DONE
+    if paused_until is not None and paused_until > now:
+        return Wait(max(0.0, (paused_until - now).total_seconds()), PAUSED)
+    return Wait(backstop_s, WAITING_FOR_CAPACITY)
+
+
 # --- sync calls ---------------------------------------------------------------------
 
 LOST_CALL = "the call's answer was lost and cannot be found"

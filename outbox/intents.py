@@ -150,3 +150,4 @@ async def release(conn, intent: Intent) -> None:
 
 async def next_due(conn):
     return await conn.fetchval(NEXT_DUE)
+

@@ -18,6 +18,7 @@ import logging
 import signal
 import time
 
+from app.capacity import capped_providers, is_capped
 from app.config import Settings
 from app.db import OUTBOX_CHANNEL
 from app.domain import jobs
@@ -152,8 +153,11 @@ class Settler:
                 # rows are as fresh as a load of their own. If this load fails,
                 # the steps load their own rows: claimed intents always start
                 # (never left to wait out their lease).
+                # A capped provider's submit reads its job's caps before the claim.
+                loads = self.ctx.capacity_limited
                 try:
-                    loaded = await jobs.load_many(conn, [i.job_id for i in batch if i.kind not in LOADS_ITS_JOB])
+                    loaded = await jobs.load_many(conn, [i.job_id for i in batch
+                                                         if loads or i.kind not in LOADS_ITS_JOB])
                 except Exception as e:
                     log.warning("could not load a claimed batch's jobs", extra={"error": type(e).__name__})
                     loaded = {}
@@ -233,7 +237,8 @@ class Settler:
             closed = await jobs.close(conn, intent.job_id, JobStatus.FAILED, error_code=JobError.SETTLE_EXHAUSTED,
                                       error_message=(f"gave up after {intent.attempts - 1} failed {intent.kind} "
                                                      f"attempts: {(job['last_error'] if job else None) or 'errors'}"),
-                                      cancel_at_provider=True)
+                                      cancel_at_provider=True,
+                                      wake_capacity=job is not None and is_capped(self.ctx.settings, job["provider"]))
         if closed is not None and job is not None:
             self.ctx.metrics.job_finished(job["provider"], JobStatus.FAILED, closed)
         log.warning("intent exhausted", extra={"job_id": intent.job_id, "intent": intent.kind})
@@ -267,20 +272,21 @@ class Settler:
                         await intents.release(conn, intent)
 
 
-async def _serve_metrics(pool, port: int) -> None:
+async def _serve_metrics(pool, port: int, caps) -> None:
     import uvicorn
 
     from app.embedded_server import EmbeddedServer
 
     # The settler owns SIGTERM and SIGINT (it drains its claims on them).
-    server = EmbeddedServer(uvicorn.Config(metrics_app(pool), host="0.0.0.0", port=port,
+    server = EmbeddedServer(uvicorn.Config(metrics_app(pool, caps), host="0.0.0.0", port=port,
                                           log_level="warning", access_log=False, lifespan="off"))
     await server.serve()
 
 
 async def run_settler(settings: Settings, *, concurrency: int = 16, metrics_port: int | None = None) -> int:
     ctx = await Context.open(settings, pool_size=min(concurrency + 4, 50))
-    metrics_task = asyncio.create_task(_serve_metrics(ctx.pool, metrics_port)) if metrics_port else None
+    metrics_task = (asyncio.create_task(_serve_metrics(ctx.pool, metrics_port, capped_providers(settings)))
+                    if metrics_port else None)
     settler = Settler(ctx, concurrency)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

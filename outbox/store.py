@@ -15,7 +15,7 @@ import logging
 import os
 import tempfile
 
-from app import media, pricing
+from app import capacity, media, pricing
 from app.domain import jobs
 from app.domain.record import JobRecord
 from app.download import Downloaded, DownloadError, OutputTooLarge, download_to_file
@@ -106,7 +106,8 @@ async def store_and_close(ctx: Context, job: JobRecord, provider, store: decide.
     async with ctx.pool.acquire() as conn:
         closed = await jobs.close(conn, job.id, JobStatus.SUCCEEDED, charge=charged.credits, assets=assets,
                                   usage=usage, operation=operation, from_statuses=from_statuses,
-                                  price_applied=charged.applied)
+                                  price_applied=charged.applied,
+                                  wake_capacity=capacity.is_capped(ctx.settings, job.provider))
     if closed is not None:
         ctx.metrics.job_finished(provider.name, JobStatus.SUCCEEDED, closed)
         log.info("job succeeded", extra={"job_id": job.id, "owner": job.owner_id, "provider": provider.name,
@@ -141,7 +142,8 @@ async def after_output_error(ctx: Context, job: JobRecord,
 async def close_job(ctx: Context, job: JobRecord, close: decide.Close) -> Outcome:
     async with ctx.pool.acquire() as conn:
         closed = await jobs.close(conn, job.id, close.status, error_code=close.error_code,
-                                  error_message=close.message, cancel_at_provider=close.cancel_at_provider)
+                                  error_message=close.message, cancel_at_provider=close.cancel_at_provider,
+                                  wake_capacity=capacity.is_capped(ctx.settings, job.provider))
     if closed is not None:
         ctx.metrics.job_finished(job.provider, close.status, closed)
         log.info("job closed", extra={"job_id": job.id, "owner": job.owner_id, "provider": job.provider,

@@ -13,23 +13,40 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from app.domain import jobs
+from app import capacity
+from app.capacity import NO_CAPS
+from app.domain import jobs, pauses
 from app.domain.record import JobRecord
 from app.providers.base import ProviderError, Rejected, SubmitRequest, Submitted, Transient, Uncertain
 from app.vocabulary import CallOutcome, JobStatus, ProviderCall, ProviderKind
 from outbox import decide, sync
 from outbox.context import Context
-from outbox.outcome import DONE, Outcome
+from outbox.outcome import DONE, Done, Outcome
 
 log = logging.getLogger("longcall.settler")
 
 
 async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
-    # `job` is not used: the claim of the job (queued -> submitting) reads it.
+    # `job`: the row as loaded with the claim, or None. The claim of the job
+    # (queued -> submitting) reads it afresh; only a provider's caps need it before.
+    caps = NO_CAPS
+    if ctx.capacity_limited:
+        if job is None:
+            async with ctx.pool.acquire() as conn:
+                job = await jobs.load(conn, job_id)
+        if job is not None:
+            caps = capacity.caps_for(ctx.settings, job["provider"], job["model"])
     async with ctx.pool.acquire() as conn:
-        row = await jobs.begin_submit(conn, job_id)
-    if row is None:  # cancelled, already submitted, or gone: nothing to send
-        return DONE
+        row = await jobs.begin_submit(conn, job_id, caps)
+        if row is None:
+            why = await jobs.why_not_claimed(conn, job_id)
+    if row is None:
+        if why is None:  # gone
+            return DONE
+        # Cancelled or already submitted (nothing to send), paused, or over a cap.
+        waited = decide.not_claimed(why["status"], why["has_task"], why["paused_until"], now=why["now"],
+                                    backstop_s=capacity.CAPACITY_BACKSTOP_S)
+        return waited if isinstance(waited, Done) else decide.later(waited)
     record = JobRecord.from_row(row)
     provider = ctx.providers[record.provider]
     facts = ctx.facts_for(provider, record.model)
@@ -83,6 +100,7 @@ async def _send(ctx: Context, job: JobRecord, provider, request: SubmitRequest) 
         ctx.metrics.provider_call(provider.name, ProviderCall.SUBMIT, CallOutcome.TRANSIENT)
         async with ctx.pool.acquire() as conn:
             await jobs.submit_settled(conn, job.id, f"submit: {e}")
+            await pauses.pause_if_asked(conn, provider.name, e)
         return e
     except Uncertain as e:
         ctx.metrics.provider_call(provider.name, ProviderCall.SUBMIT, CallOutcome.UNCERTAIN)
@@ -98,7 +116,8 @@ async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.Su
         async with ctx.pool.acquire() as conn:
             closed = await jobs.close(conn, job.id, decision.status, error_code=decision.error_code,
                                       error_message=decision.message,
-                                      cancel_at_provider=decision.cancel_at_provider)
+                                      cancel_at_provider=decision.cancel_at_provider,
+                                      wake_capacity=capacity.is_capped(ctx.settings, job.provider))
         ctx.metrics.job_finished(provider.name, decision.status, closed)
         return DONE
     if isinstance(decision, decide.Retry):

@@ -18,7 +18,7 @@ import asyncio
 import datetime as dt
 import logging
 
-from app.domain import jobs
+from app.domain import jobs, pauses
 from app.domain.record import JobRecord
 from app.download_errors import OutputTooLarge
 from app.providers.base import (
@@ -62,6 +62,7 @@ async def call(ctx: Context, job: JobRecord, provider, facts: ProviderFacts, att
             if isinstance(result, Transient):
                 async with ctx.pool.acquire() as conn:
                     await jobs.submit_settled(conn, job.id, f"call: {result}")
+                    await pauses.pause_if_asked(conn, provider.name, result)
             decision = decide.sync_call(job, result, now=_now(), attempts=attempts, facts=facts)
         if isinstance(decision, decide.Recover):
             found = await _recover(ctx, provider, request)

@@ -38,7 +38,7 @@ SECRET_KEY = "bench-secret-key-" + "0" * 16
 WEBHOOK_SECRET = "bench-webhook-secret-0123456789"  # every bench job's t/v1 secret (encrypted per job)
 SETTLER_ROLE = "bench_settler"  # pg_stat_statements has no application name: a role tells statements apart
 PROCRASTINATE_ROLE = "bench_procrastinate"
-TABLES = "outbox, assets, ledger, jobs, api_keys, owners"
+TABLES = "outbox, assets, ledger, jobs, api_keys, owners, provider_pauses"
 
 
 def _port_open(port: int) -> bool:

@@ -20,7 +20,7 @@ from app.embedded import EmbeddedPostgres
 from app.migrate import migrate
 from tests.support.loopback import serve_in_loop
 
-TABLES = "outbox, assets, ledger, jobs, api_keys, owners"
+TABLES = "outbox, assets, ledger, jobs, api_keys, owners, provider_pauses"
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import sys
 from app.vocabulary import (
     ALL_STATUSES,
     IN_FLIGHT,
+    SUBMITTED,
     REFUNDED,
     TERMINAL,
     IntentKind,
@@ -61,6 +62,14 @@ async def test_intent_and_ledger_kinds_are_the_vocabulary(pool):
     assert [_sets(d) for d in kinds] == [[set(IntentKind)]]
     entries = [d for d in ledger if "kind = ANY" in d]
     assert [_sets(d) for d in entries] == [[set(LedgerKind)]]
+
+
+async def test_submitted_index_predicate_is_the_submitted_set(pool):
+    async with pool.acquire() as conn:
+        indexdef = await conn.fetchval("select indexdef from pg_indexes where indexname = 'jobs_submitted'")
+    assert indexdef is not None
+    assert _sets(indexdef) == [set(SUBMITTED)]
+    assert set(SUBMITTED) == set(IN_FLIGHT) - {"queued"}
 
 
 async def test_in_flight_index_predicate_is_the_in_flight_set(pool):

@@ -20,9 +20,10 @@ from typing import Any
 import asyncpg
 
 from app import ids
+from app.capacity import NO_CAPS, Caps
 from app.db import JOBS_CHANNEL, OUTBOX_CHANNEL
 from app.domain import states
-from app.vocabulary import CLOSED_BY_CLOSE, TERMINAL, IntentKind, JobStatus, LedgerKind, sql_list
+from app.vocabulary import CLOSED_BY_CLOSE, SUBMITTED, TERMINAL, IntentKind, JobStatus, LedgerKind, sql_list
 
 
 class InsufficientCredits(Exception):
@@ -198,7 +199,7 @@ with j as (
                                   else coalesce(provider_operation, '{{}}'::jsonb) || $15::jsonb end,
         finished_at = now(), updated_at = now()
     where id = $1 and status = any($6::text[])
-    returning id, owner_id, credits_reserved, credits_charged, credits_refunded,
+    returning id, owner_id, provider, model, credits_reserved, credits_charged, credits_refunded,
               provider_task_id, provider_call_started_at
 ), money as (
     insert into ledger (owner_id, job_id, kind, amount)
@@ -229,11 +230,25 @@ with j as (
     on conflict (job_id, index) do update set storage_key = excluded.storage_key,
         bytes = excluded.bytes, sha256 = excluded.sha256, content_type = excluded.content_type,
         label = excluded.label
+), waiting as (
+    -- $17: the provider is capped, so the place this job held wakes the
+    -- oldest queued job of it whose submit waits (the same model first).
+    select o.id from j
+    join jobs q on q.provider = j.provider and q.status = '{JobStatus.QUEUED}'
+    join outbox o on o.job_id = q.id and o.kind = '{IntentKind.SUBMIT}'
+    where $17 and (o.not_before > now() or o.claimed_until is not null)
+    order by (q.model = j.model) desc, q.created_at
+    limit 1
+    for update of o skip locked
+), woken as (
+    update outbox o set not_before = least(o.not_before, now()), generation = o.generation + 1
+    from waiting where o.id = waiting.id
+    returning 1
 )
 select j.id, j.owner_id, j.credits_charged, j.credits_refunded,
        pg_notify('{JOBS_CHANNEL}', j.id),
        exists (select 1 from provider_cancel) as cancel_queued,
-       case when exists (select 1 from provider_cancel)
+       case when exists (select 1 from provider_cancel) or exists (select 1 from woken)
             then pg_notify('{OUTBOX_CHANNEL}', '') end
 from j
 """
@@ -263,10 +278,12 @@ async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_
                 assets: Sequence[Asset] = (), from_statuses: Sequence[str] | None = None,
                 usage: Sequence[Mapping[str, Any]] | None = None,
                 operation: Mapping[str, Any] | None = None,
-                price_applied: Mapping[str, Any] | None = None) -> Closed | None:
+                price_applied: Mapping[str, Any] | None = None, wake_capacity: bool = False) -> Closed | None:
     """Make the job terminal, with its charge/refund, slot release, secret
     erasure and intent cleanup. None when the job was not in a state this
-    transition may start from (someone else closed it first)."""
+    transition may start from (someone else closed it first).
+    `wake_capacity`: its provider is capped (app/capacity.py): a job
+    waiting for a place is woken."""
     if status not in states.CLOSE_FROM:
         raise ValueError(f"not a terminal status: {status}")
     if status != JobStatus.SUCCEEDED and charge:
@@ -280,7 +297,7 @@ async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_
         [a.index for a in assets], [a.storage_key for a in assets], [a.bytes for a in assets],
         [a.sha256 for a in assets], [a.content_type for a in assets], [a.label for a in assets],
         None if usage is None else list(usage), None if operation is None else dict(operation),
-        None if price_applied is None else dict(price_applied))
+        None if price_applied is None else dict(price_applied), wake_capacity)
     if row is None:
         return None
     return Closed(row["id"], row["owner_id"], row["credits_charged"], row["credits_refunded"],
@@ -291,13 +308,41 @@ async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_
 
 # queued -> submitting before any paid call. `was_in_doubt` tells whether an
 # earlier attempt's call never got a definite answer (then the task may exist).
+#
+# Not while the provider is paused (its 429). A queued job claims a place
+# under its caps ($2: the provider's, $4: its models-file entry's, named $3):
+# the count is exact because every capped claim of the provider holds its
+# advisory lock (CAPACITY_LOCK, taken first in the same transaction); a job
+# already submitting holds its place. Without caps ($2 and $4 null) nothing
+# is counted.
+_SUBMITTED_OF_PROVIDER = (f"select count(*) from jobs s where s.provider = j.provider "
+                          f"and s.status in {sql_list(SUBMITTED)}")
 BEGIN_SUBMIT = f"""
 update jobs j set status = '{JobStatus.SUBMITTING}', submit_in_doubt = true,
     provider_call_started_at = coalesce(j.provider_call_started_at, now()),
-    submit_attempts = j.submit_attempts + 1, updated_at = now()
+    submit_attempts = j.submit_attempts + 1, updated_at = now(),
+    capacity_entry = case when j.status = '{JobStatus.QUEUED}' then $3 else j.capacity_entry end
 from (select id, submit_in_doubt from jobs where id = $1 for update) old
 where j.id = old.id and j.status in {sql_list((JobStatus.QUEUED, JobStatus.SUBMITTING))} and j.provider_task_id is null
+  and not exists (select 1 from provider_pauses p where p.provider = j.provider and p.until > now())
+  and (j.status = '{JobStatus.SUBMITTING}'
+       or (($2::int is null or ({_SUBMITTED_OF_PROVIDER}) < $2)
+           and ($4::int is null or ({_SUBMITTED_OF_PROVIDER} and s.capacity_entry = $3::text) < $4)))
 returning j.*, old.submit_in_doubt as was_in_doubt
+"""
+CAPACITY_LOCK = "select pg_advisory_xact_lock(hashtext('longcall-capacity:' || $1))"
+
+# Why a claim took nothing: closed or already submitted, paused, or over a cap.
+WHY_NOT_CLAIMED = """
+select j.status, j.provider_task_id is not null as has_task,
+       (select p.until from provider_pauses p where p.provider = j.provider and p.until > now()) as paused_until,
+       now() as now
+from jobs j where j.id = $1
+"""
+
+# The provider's jobs submitted and not yet closed (longcall status, metrics).
+SUBMITTED_BY_PROVIDER = f"""
+select provider, count(*) as n from jobs where status in {sql_list(SUBMITTED)} group by provider
 """
 
 # A definite answer (rejected, or refused before anything was created).
@@ -378,8 +423,25 @@ class Saved(enum.Enum):
     LOST = enum.auto()  # the job is in no state to take it
 
 
-async def begin_submit(conn, job_id: str) -> asyncpg.Record | None:
-    return await conn.fetchrow(BEGIN_SUBMIT, job_id)
+async def begin_submit(conn, job_id: str, caps: Caps = NO_CAPS) -> asyncpg.Record | None:
+    """queued (or an in-doubt submitting) -> submitting, under the caps;
+    None when it took nothing (jobs.why_not_claimed says why)."""
+    if not caps.capped:
+        return await conn.fetchrow(BEGIN_SUBMIT, job_id, None, None, None)
+    async with conn.transaction():
+        provider = await conn.fetchval("select provider from jobs where id = $1", job_id)
+        if provider is None:
+            return None
+        await conn.execute(CAPACITY_LOCK, provider)
+        return await conn.fetchrow(BEGIN_SUBMIT, job_id, caps.provider_cap, caps.entry, caps.entry_cap)
+
+
+async def why_not_claimed(conn, job_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(WHY_NOT_CLAIMED, job_id)
+
+
+async def submitted_by_provider(conn) -> dict[str, int]:
+    return {r["provider"]: r["n"] for r in await conn.fetch(SUBMITTED_BY_PROVIDER)}
 
 
 async def save_task(conn, job_id: str, *, task_id: str, operation: Any, webhook_secret: bytes | None,

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from app import db
+from app.capacity import capped_providers
 from app.config import Settings
 from app.domain import owners
 from app.metrics import Metrics
@@ -112,6 +113,7 @@ def create_app(settings: Settings, *, pool_size: int = 20) -> Starlette:
         database_url = settings.dsn
         state.settings = settings
         state.metrics = Metrics()
+        state.caps = capped_providers(settings)  # for the gauges of /metrics
         state.secretbox = SecretBox(settings.secret_keys)
         state.pool = await db.create_pool(database_url, role="web", min_size=2,
                                           max_size=pool_size)

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 
 from app import ids
+from app.capacity import is_capped
 from app.config import PROVIDERS
 from app.domain import jobs, owners
 from app.storage import ObjectNotFound
@@ -226,7 +227,8 @@ async def cancel_job(request: Request) -> Response:
     if row is None or row["owner_id"] != owner_id:
         raise not_found()
     async with pool.acquire() as conn:
-        closed = await jobs.close(conn, job_id, JobStatus.CANCELLED, cancel_at_provider=True)
+        closed = await jobs.close(conn, job_id, JobStatus.CANCELLED, cancel_at_provider=True,
+                                  wake_capacity=is_capped(request.app.state.settings, row["provider"]))
     if closed is None:
         now = await jobs.get_job(pool, job_id)
         raise ApiError(ApiErrorCode.INVALID_STATE, f"the job is already {now['status'] if now else 'gone'}")

@@ -1,0 +1,232 @@
+"""Provider capacity shared by all settlers: caps counted in the database
+(two settler processes never exceed them), a place that frees wakes a
+waiting job at once, a provider's 429 pauses its submits everywhere while
+other providers flow, and per-model give-up deadlines. Real PostgreSQL,
+real settlers (in-process and as processes), the simulator, and a scripted
+provider for the 429."""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import signal
+import time
+
+import pytest
+
+from app.capacity import Caps, caps_for, capped_providers, is_capped
+from app.config import load_settings
+from app.models_file import parse
+from app.vocabulary import JobError, JobStatus
+from outbox import decide
+from tests.outbox.conftest import assert_money_balances, wait_for_status
+from tests.outbox.test_races import env_of, settler_process
+from tests.providers.scripted import Script
+from tests.support.loopback import LoopbackServer
+
+S = JobStatus
+SUBMITTED = ("submitting", "running", "uncertain")
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def settings_with(models: str = "", **env):
+    base = {"DATABASE_URL": "postgresql://x/y", "SECRET_KEY": "k" * 32}
+    settings = load_settings({**base, **env})
+    return settings if not models else settings.__class__(**{**settings.__dict__, "models": parse(models)})
+
+
+CAPPED_MODELS = '[[models]]\nprovider = "kie"\nmodel = "veo/*"\nmax_in_flight = 2\n' \
+                '[[models]]\nprovider = "kie"\nmodel = "*"\n'
+
+
+@pytest.mark.parametrize(("env", "models", "provider", "model", "caps"), [
+    ({}, "", "kie", "veo/x", Caps()),
+    ({"MAX_IN_FLIGHT_KIE": "5"}, "", "kie", "veo/x", Caps(provider_cap=5)),
+    ({}, CAPPED_MODELS, "kie", "veo/x", Caps(entry="veo/*", entry_cap=2)),
+    ({}, CAPPED_MODELS, "kie", "flux-kontext/x", Caps()),  # its first match has no cap
+    ({"MAX_IN_FLIGHT_KIE": "5"}, CAPPED_MODELS, "kie", "veo/x", Caps(provider_cap=5, entry="veo/*", entry_cap=2)),
+    ({"MAX_IN_FLIGHT_KIE": "5"}, "", "fal", "x", Caps()),
+])
+def test_which_caps_hold_for_a_job(env, models, provider, model, caps):
+    assert caps_for(settings_with(models, **env), provider, model) == caps
+
+
+def test_capped_providers_and_a_bad_cap():
+    settings = settings_with(CAPPED_MODELS, MAX_IN_FLIGHT_ELEVENLABS="2")
+    assert capped_providers(settings) == {"elevenlabs": 2, "kie": None}
+    assert is_capped(settings, "kie") and is_capped(settings, "elevenlabs") and not is_capped(settings, "fal")
+    with pytest.raises(Exception, match="MAX_IN_FLIGHT_FAL must be at least 1"):
+        load_settings({"DATABASE_URL": "postgresql://x/y", "SECRET_KEY": "k" * 32, "MAX_IN_FLIGHT_FAL": "0"})
+
+
+@pytest.mark.parametrize(("status", "has_task", "paused_until", "expected"), [
+    (S.CANCELLED, False, None, decide.DONE),
+    (S.RUNNING, True, None, decide.DONE),
+    (S.SUBMITTING, True, None, decide.DONE),
+    (S.QUEUED, False, NOW + dt.timedelta(seconds=12), decide.Wait(12.0, decide.PAUSED)),
+    (S.QUEUED, False, None, decide.Wait(60.0, decide.WAITING_FOR_CAPACITY)),
+    (S.QUEUED, False, NOW - dt.timedelta(seconds=1), decide.Wait(60.0, decide.WAITING_FOR_CAPACITY)),
+])
+def test_what_a_claim_that_took_nothing_means(status, has_task, paused_until, expected):
+    assert decide.not_claimed(status, has_task, paused_until, now=NOW, backstop_s=60.0) == expected
+
+
+async def _peak_submitted(db, provider: str, stop: asyncio.Event) -> int:
+    """The most jobs of `provider` the database ever showed submitted at once."""
+    peak = 0
+    while not stop.is_set():
+        n = await db.fetchval("select count(*) from jobs where provider = $1 and status = any($2::text[])",
+                              provider, list(SUBMITTED))
+        peak = max(peak, n)
+        await asyncio.sleep(0.01)
+    return peak
+
+
+async def test_two_settler_processes_never_exceed_a_cap_of_3_and_all_30_jobs_succeed(
+        web, make_owner, db, sim, make_settings, tmp_objects):
+    server = await web(SIM_URL=sim.url)
+    owner = await make_owner(credits=10_000, max_active=100)
+    env = env_of(make_settings, sim, tmp_objects, MAX_IN_FLIGHT_SIM=3)
+    procs = [settler_process(env) for _ in range(2)]
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(_peak_submitted(db, "sim", stop))
+    started = time.monotonic()
+    try:
+        async with server.client(owner.api_key) as c:
+            ids = [(await c.post("/v1/jobs", json={"provider": "sim", "model": "m", "max_credits": 5,
+                                                   "input": {"duration_s": 0.5}})).json()["id"]
+                   for _ in range(30)]
+        for job_id in ids:
+            # Woken as places free, not after the 60 s backstop: 30 jobs of
+            # about 2.5 s (a 0.5 s task, first checked after 2 s), 3 at a time.
+            await wait_for_status(db, job_id, S.SUCCEEDED, timeout=120)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(30)
+    peak = await watcher
+    assert peak == 3, f"at most 3 submitted at once, the database showed {peak}"
+    assert took < 55, f"30 jobs took {took:.0f} s: waiting jobs were not woken"
+    await assert_money_balances(db)
+
+
+async def test_a_models_file_entry_caps_its_models_and_not_the_others(web, make_owner, db, sim, make_settings,
+                                                                      start_settler, tmp_path):
+    models = tmp_path / "models.toml"
+    models.write_text('[[models]]\nprovider = "sim"\nmodel = "capped-*"\nmax_in_flight = 2\n')
+    env = {"SIM_URL": sim.url, "MODELS_FILE": str(models)}
+    server = await web(**env)
+    await start_settler(make_settings(**env), concurrency=16)
+    owner = await make_owner(credits=10_000, max_active=100)
+    stop = asyncio.Event()
+
+    async def peak_of(model_like: str) -> int:
+        peak = 0
+        while not stop.is_set():
+            n = await db.fetchval("select count(*) from jobs where model like $1 and status = any($2::text[])",
+                                  model_like, list(SUBMITTED))
+            peak = max(peak, n)
+            await asyncio.sleep(0.01)
+        return peak
+
+    capped, free = asyncio.create_task(peak_of("capped-%")), asyncio.create_task(peak_of("free"))
+    async with server.client(owner.api_key) as c:
+        ids = [(await c.post("/v1/jobs", json={"provider": "sim", "model": model, "max_credits": 5,
+                                               "input": {"duration_s": 1.0}})).json()["id"]
+               for model in ["capped-a", "capped-b"] * 4 + ["free"] * 6]
+    for job_id in ids:
+        await wait_for_status(db, job_id, S.SUCCEEDED, timeout=90)
+    stop.set()
+    assert await capped == 2
+    assert await free == 6  # not held back by the other model's cap
+
+
+async def test_a_429_pauses_that_provider_in_every_settler_while_others_flow(
+        web, make_owner, db, sim, make_settings, start_settler, serve_script):
+    # Replicate answers 429 with Retry-After: 30; the simulator's jobs keep going.
+    script = Script()
+    script.answer(429, {"title": "Too Many Requests", "detail": "slow down", "status": 429},
+                  headers={"retry-after": "30"})
+    replicate = serve_script(script)
+    env = {"SIM_URL": sim.url, "REPLICATE_BASE_URL": replicate.url, "REPLICATE_API_TOKEN": "r8_pause_test"}
+    server = await web(**env)
+    for _ in range(2):
+        await start_settler(make_settings(**env))
+    owner = await make_owner(credits=10_000, max_active=100)
+    async def replicate_job(i: int) -> str:
+        return (await c.post("/v1/jobs", json={"provider": "replicate", "model": "acme/model",
+                                               "input": {"prompt": str(i)}, "max_credits": 5})).json()["id"]
+
+    async with server.client(owner.api_key) as c:
+        paused = [await replicate_job(0)]
+        deadline = time.monotonic() + 15
+        while not await db.fetchval("select count(*) from provider_pauses where provider = 'replicate'"):
+            assert time.monotonic() < deadline, "the 429 paused nothing"
+            await asyncio.sleep(0.02)
+        paused += [await replicate_job(i) for i in range(1, 4)]
+        flowing = [(await c.post("/v1/jobs", json={"provider": "sim", "model": "m", "max_credits": 5,
+                                                   "input": {"duration_s": 0.3}})).json()["id"] for _ in range(4)]
+    for job_id in flowing:
+        await wait_for_status(db, job_id, S.SUCCEEDED, timeout=30)
+    creates = [s for s in script.seen if s.method == "POST"]
+    assert len(creates) == 1, f"{len(creates)} creates reached a provider that asked us to wait"
+    until = await db.fetchval("select until - now() from provider_pauses where provider = 'replicate'")
+    assert dt.timedelta(seconds=15) < until <= dt.timedelta(seconds=30)
+    statuses = sorted(r["status"] for r in await db.fetch("select status from jobs where id = any($1::text[])",
+                                                           paused))
+    # Waiting, nothing failed: the one that was answered 429 keeps its claim.
+    assert statuses == [S.QUEUED, S.QUEUED, S.QUEUED, S.SUBMITTING]
+    attempts = await db.fetch("select attempts from outbox where job_id = any($1::text[])", paused)
+    assert all(r["attempts"] <= 1 for r in attempts)  # a pause is not a failed attempt
+
+
+async def test_a_models_give_up_expires_its_job_while_another_models_job_runs_on(
+        web, make_owner, db, sim, make_settings, start_settler, tmp_path):
+    models = tmp_path / "models.toml"
+    models.write_text('[[models]]\nprovider = "sim"\nmodel = "short"\ngive_up_after_s = 2\n')
+    env = {"SIM_URL": sim.url, "MODELS_FILE": str(models)}
+    server = await web(**env)
+    await start_settler(make_settings(**env))
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        short = (await c.post("/v1/jobs", json={"provider": "sim", "model": "short", "max_credits": 5,
+                                                "input": {"duration_s": 30}})).json()
+        long = (await c.post("/v1/jobs", json={"provider": "sim", "model": "long", "max_credits": 5,
+                                               "input": {"duration_s": 4}})).json()
+    row = await wait_for_status(db, short["id"], S.EXPIRED, timeout=30)
+    assert row["error_code"] == JobError.GIVE_UP
+    assert (await db.fetchval("select status from jobs where id = $1", long["id"])) in (S.RUNNING, S.SUBMITTING)
+    await wait_for_status(db, long["id"], S.SUCCEEDED, timeout=30)
+    await assert_money_balances(db)
+
+
+@pytest.fixture
+def serve_script():
+    servers: list[LoopbackServer] = []
+
+    def start(script: Script) -> Script:
+        server = LoopbackServer(script.app()).start()
+        servers.append(server)
+        script.url = server.url
+        return script
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+async def test_status_shows_each_capped_provider_and_its_pause(db, make_settings):
+    from app.status import collect, render
+
+    await db.execute("insert into provider_pauses (provider, until, reason) values ('kie', now() + interval '40 s', "
+                     "'kie: not now (HTTP 429)')")
+    try:
+        async with db.acquire() as conn:
+            text = render(await collect(conn, {"kie": 5, "fal": None}))
+    finally:
+        await db.execute("delete from provider_pauses")
+    assert "provider: kie 0 in flight of 5, paused" in text
+    assert "provider: fal 0 in flight (capped per model)" in text
+
