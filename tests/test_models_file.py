@@ -138,12 +138,13 @@ def test_settings_read_the_file_and_a_bad_one_is_a_config_error(tmp_path):
         load_settings({**env, "MODELS_FILE": str(tmp_path / "missing.toml")})
 
 
-def test_the_service_refuses_to_start_on_a_bad_file_with_one_line_and_exit_2(tmp_path):
+@pytest.mark.parametrize("command", ["settler", "serve"])
+def test_the_service_refuses_to_start_on_a_bad_file_with_one_line_and_exit_2(tmp_path, command):
     bad = tmp_path / "models.toml"
     bad.write_text(ENTRY.format(provider="kie", model="*") + "colour = 1\n")
     env = {"DATABASE_URL": "postgresql://127.0.0.1:1/none", "SECRET_KEY": "k" * 32, "MODELS_FILE": str(bad),
            "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-m", "app", "settler"], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "app", command], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
