@@ -7,11 +7,10 @@ parses text, `ModelsFile.match` finds the first entry whose provider matches
 and whose model glob (fnmatchcase) matches, `apply` lays its timings over a
 provider's facts for that model.
 
-What applies today: the timings (`stale_after_s`, `poll_every_s`,
-`give_up_after_s`, `timeout_s`). `price` and `max_in_flight` are read and
-checked to the contract, and are applied by the pricing and capacity work
-(#14): until then a job is charged the provider-reported cost or its
-reservation, and no cap holds.
+Where each field applies: the timings (`stale_after_s`, `poll_every_s`,
+`give_up_after_s`, `timeout_s`) in `apply`, over the adapter's facts;
+`price` in app/pricing.py when a job succeeds; `max_in_flight` in
+app/capacity.py when a job is claimed.
 """
 from __future__ import annotations
 
