@@ -85,6 +85,10 @@ Where the documents are silent, the choices here:
   is not documented.
 - No `error` event is sent inside a stream (no fault asks for one), and no
   `anthropic-ratelimit-*` headers are sent.
+- Above `max_concurrent` (calls in flight under /anthropic: from the start
+  of the work until the answer has gone out or was dropped) a call that
+  passed the checks is the throttle's 429 instead, not counted.
+  `output_duration_s` is checked and does not apply (no files here).
 """
 from __future__ import annotations
 
@@ -404,8 +408,7 @@ async def create_message(request: Request) -> Response:
     if refused is not None:
         return _error(*refused, request_id)
     if sim.fault("throttle"):
-        return _error(RATE_LIMIT, "Number of requests has exceeded your rate limit (simulated)", request_id,
-                      retry_after=True)
+        return _rate_limited(request_id)
     if sim.fault("overloaded"):
         return _error(OVERLOADED, "Overloaded", request_id, retry_after=True)
     if sim.fault("submit_error"):
@@ -422,6 +425,17 @@ async def create_message(request: Request) -> Response:
     except CallError as exc:
         return _error(INVALID_REQUEST, str(exc), request_id)
 
+    return await sim.sync_call(PREFIX, lambda: _rate_limited(request_id), lambda: _work(sim, call, raw, request_id))
+
+
+def _rate_limited(request_id: str) -> JSONResponse:
+    # The `throttle` fault's answer, and `max_concurrent`'s.
+    return _error(RATE_LIMIT, "Number of requests has exceeded your rate limit (simulated)", request_id,
+                  retry_after=True)
+
+
+async def _work(sim: Simulator, call: Call, raw: bytes, request_id: str) -> Response:
+    """The call's work and its answer (the call is in flight meanwhile)."""
     sim.count_sync_call(raw)  # the work starts: from here on the call was made
     duration_s = call.controls.duration_s
     if sim.fault("submit_timeout_after_create"):

@@ -3,6 +3,15 @@
 They ride inside the task's `input` under every protocol (native `input`,
 Replicate `input`, fal's body, KIE's `input`); every other key of `input`
 is the model's business and is ignored here.
+
+`output_duration_s` (a number greater than 0, at most 3 hours) makes each
+output a real media file of that many seconds (app/simulator/media.py),
+whatever `output_bytes` says: an MP4 when the output's media type is a
+video type (`video/...`), else a WAV. Given without `content_type`, the
+type is `audio/wav` wherever a protocol's own default is not a video type
+(`image/png` here, a family's `image/jpeg` or `audio/mpeg`): the bytes are a
+WAV, and the type says so. A protocol whose outputs are videos keeps its
+`video/mp4` (`with_default_type`).
 """
 from __future__ import annotations
 
@@ -12,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from app.simulator.media import MP4, WAV, WAV_CONTENT_TYPE
+
 # Upper bounds keep a typo from scheduling a task for a century or promising
 # a petabyte; they are far above anything a test or benchmark needs.
 MAX_DURATION_S = 7 * 24 * 3600.0
@@ -20,6 +31,8 @@ MAX_OUTPUTS = 100
 MAX_COST = 10**12
 MAX_OUTPUT_TTL_S = 30 * 24 * 3600.0
 MAX_TOKENS = 10**12
+# Keeps a WAV's sizes inside its 32-bit fields (and an MP4's duration inside mvhd's).
+MAX_OUTPUT_DURATION_S = 3 * 3600.0
 
 OUTCOMES = ("succeeded", "failed")
 _CONTENT_TYPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}")
@@ -47,6 +60,8 @@ class Controls:
     # The usage a sync LLM answer reports (None: the text's length / 4, rounded up).
     input_tokens: int | None = None
     output_tokens: int | None = None
+    # Each output is a real WAV/MP4 of this many seconds (None: `output_bytes` of bytes).
+    output_duration_s: float | None = None
 
 
 def _number(value: Any, field: str, low: float, high: float, *, low_open: bool = False) -> float:
@@ -102,4 +117,30 @@ def parse_controls(input: Mapping[str, Any]) -> Controls:
     for tokens in ("input_tokens", "output_tokens"):
         if tokens in input:
             values[tokens] = whole_number(input[tokens], tokens, 0, MAX_TOKENS)
+    if "output_duration_s" in input:
+        values["output_duration_s"] = _number(
+            input["output_duration_s"], "output_duration_s", 0.0, MAX_OUTPUT_DURATION_S, low_open=True
+        )
+        values.setdefault("content_type", WAV_CONTENT_TYPE)
     return replace(defaults, **values) if values else defaults
+
+
+def is_video(content_type: str) -> bool:
+    return content_type.startswith("video/")
+
+
+def with_default_type(controls: Controls, input: Mapping[str, Any], default: str) -> Controls:
+    """`controls` with a protocol's default media type where `input` named
+    none (pure); with `output_duration_s` only a video default applies (the
+    WAV keeps its `audio/wav`)."""
+    if "content_type" in input or (controls.output_duration_s is not None and not is_video(default)):
+        return controls
+    return replace(controls, content_type=default)
+
+
+def media_of(controls: Controls) -> tuple[str, float] | None:
+    """What `output_duration_s` makes of each output (pure): None (plain
+    bytes), or the kind (WAV, or MP4 for a video type) and the duration."""
+    if controls.output_duration_s is None:
+        return None
+    return (MP4 if is_video(controls.content_type) else WAV), controls.output_duration_s

@@ -12,8 +12,11 @@ Dubbing
 the FastAPI form it is): `source_url` or `file`, `target_lang` (required),
 `name`, `source_lang` and the other documented fields, each of its declared
 type. The simulator's controls (`duration_s`, `outcome`, `output_bytes`,
-`output_ttl_s`, `content_type`) ride as form fields too (CONTRACT.md); a form
-carries only strings, so the numeric ones are read as JSON numbers. A dub
+`output_ttl_s`, `content_type`, `output_duration_s`) ride as form fields too
+(CONTRACT.md); a form carries only strings, so the numeric ones are read as
+JSON numbers. With `output_duration_s` a dub's audio is a real WAV
+(`audio/wav`, app/simulator/media.py), or an MP4 when `content_type` names a
+video type. A dub
 goes queued -> preparing -> dubbing -> dubbed | failed; it has one output per
 target language, `GET /v1/dubbing/{id}/audio/{language_code}`, which needs
 the key like every route (`xi-api-key`; an `Authorization` header is not
@@ -124,7 +127,13 @@ Where the documents are silent, the choices here:
 - `throttle` answers the 429 above on every sync and history route,
   `submit_error` a 500 on the calls, `status_error` a 500 on the history
   reads and `download_error` on the history audio; history reads are not
-  `status_calls`.
+  `status_calls`;
+- `max_concurrent` counts dubs and sync calls together (one prefix,
+  "/elevenlabs"): a dub create or a call (once its body has passed the
+  checks) that would exceed it is the same 429, with no dub, no count in
+  `sync_calls_by_body`, no history item. A call is in flight from the
+  start of its work until its answer has gone out, or was dropped (the
+  client left, a `submit_timeout_after_create` hold ended).
 """
 from __future__ import annotations
 
@@ -135,7 +144,6 @@ import json
 import math
 import secrets
 import string
-import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -150,9 +158,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from app.simulator.controls import ControlError, Controls, parse_controls
+from app.simulator.controls import ControlError, Controls, parse_controls, with_default_type
 from app.simulator.engine import Simulator
-from app.simulator.outputs import aiter_chunks, output_bytes_iter
+from app.simulator.media import (
+    WAV_CONTENT_TYPE,
+    WAV_HEADER_BYTES,
+    WAV_SAMPLE_BYTES,
+    wav_frames,
+    wav_header,
+)
+from app.simulator.outputs import aiter_chunks, file_chunks, file_size, output_bytes_iter
 from app.simulator.state import FAILURE_REASON, QUEUED_SHARE, Phase, Task
 from app.simulator.webhooks import OutgoingWebhook
 from app.simulator.wire import (
@@ -183,7 +198,7 @@ FLOAT_FIELDS = ("csv_fps",)
 FILE_FIELDS = ("file", "csv_file", "foreground_audio_file", "background_audio_file")
 MODES = ("automatic", "manual")
 # The simulator's controls that are numbers (CONTRACT.md); the others are strings.
-NUMERIC_CONTROLS = ("duration_s", "output_bytes", "outputs", "cost", "output_ttl_s")
+NUMERIC_CONTROLS = ("duration_s", "output_bytes", "outputs", "cost", "output_ttl_s", "output_duration_s")
 CONTROLS = (*NUMERIC_CONTROLS, "outcome", "content_type", "output_text")
 
 # `dubbing_statuses` (DubbingListRequestDubbingStatusesItem), `dubbing_status`
@@ -377,10 +392,11 @@ async def create_dub(request: Request) -> Response:
             return _error(400, "validation_error", "invalid_parameters", "source_url must be an http(s) URL.",
                           param="source_url")
         target_languages = [fields["target_lang"]]
-        if "content_type" not in form:
-            controls = replace(controls, content_type=DEFAULT_CONTENT_TYPE)
+        controls = with_default_type(controls, form, DEFAULT_CONTENT_TYPE)
         # One output per target language, whatever `outputs` says.
         controls = replace(controls, outputs=len(target_languages), output_text=None)
+        if sim.busy(PREFIX):
+            return _throttled()
         task = sim.create_task(
             task_id=_new_id(),
             protocol=PROTOCOL,
@@ -469,10 +485,9 @@ async def get_audio(request: Request) -> Response:
     if status != "dubbed":
         return _error(425, "invalid_request", "dubbing_in_progress", "The dub is not ready yet.")
     index = task.extra["target_languages"].index(language)
-    size = task.controls.output_bytes
-    return StreamingResponse(aiter_chunks(output_bytes_iter(task.id, index, size)),
+    return StreamingResponse(aiter_chunks(file_chunks(task.id, index, task.controls)),
                              media_type=task.controls.content_type,
-                             headers={"content-length": str(size), "cache-control": "no-store"})
+                             headers={"content-length": str(file_size(task.controls)), "cache-control": "no-store"})
 
 
 # ------------------------------------------------------------------ the list
@@ -590,11 +605,6 @@ OUTPUT_FORMATS = (
 STREAM_OUTPUT_FORMATS = tuple(f for f in OUTPUT_FORMATS if not f.startswith("wav_"))
 MAX_LATENCY_OPTIMIZATION = 4
 SPEECH_CONTENT_TYPE = "audio/mpeg"
-WAV_CONTENT_TYPE = "audio/wav"
-WAV_HEADER_BYTES = 44
-WAV_SAMPLE_BYTES = 2  # mono, 16-bit
-# Far above any test; keeps a WAV's sizes inside its 32-bit fields.
-MAX_OUTPUT_DURATION_S = 3 * 3600.0
 # Sound effects are charged "per second of audio" at a rate the docs do not
 # state: the simulator's rate, and its guess of a duration left to it.
 SFX_CREDITS_PER_SECOND = 20
@@ -737,13 +747,7 @@ def call_controls(body: Mapping[str, Any]) -> tuple[Controls, float | None]:
     """The simulator's controls among a sync call's body keys and its
     `output_duration_s` (pure). Raises ControlError on a bad value."""
     controls = parse_controls(body)
-    if "output_duration_s" not in body:
-        return controls, None
-    value = body["output_duration_s"]
-    if not (_is_int(value) or isinstance(value, float)) or not 0 < value <= MAX_OUTPUT_DURATION_S:
-        raise ControlError("output_duration_s",
-                           f"must be a number greater than 0 and at most {MAX_OUTPUT_DURATION_S:g}")
-    return controls, float(value)
+    return controls, controls.output_duration_s
 
 
 # ------------------------------------------------------------------ sync calls: the audio
@@ -752,14 +756,6 @@ def call_controls(body: Mapping[str, Any]) -> tuple[Controls, float | None]:
 def sample_rate(output_format: str) -> int:
     """The sample rate an output format names: codec_rate[_bitrate] (pure)."""
     return int(output_format.split("_")[1])
-
-
-def wav_header(rate: int, data_bytes: int) -> bytes:
-    """The 44-byte RIFF header of mono 16-bit PCM with `data_bytes` of samples (pure)."""
-    block = WAV_SAMPLE_BYTES
-    return (b"RIFF" + struct.pack("<I", WAV_HEADER_BYTES - 8 + data_bytes) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * block, block, 8 * WAV_SAMPLE_BYTES)
-            + b"data" + struct.pack("<I", data_bytes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -790,7 +786,8 @@ def call_audio(key: str, controls: Controls, output_duration_s: float | None, ou
     `content_type` control's type when one was given."""
     if output_duration_s is not None:
         rate = sample_rate(output_format)
-        return Audio(key, round(output_duration_s * rate) * WAV_SAMPLE_BYTES, content_type or WAV_CONTENT_TYPE, rate)
+        return Audio(key, wav_frames(output_duration_s, rate) * WAV_SAMPLE_BYTES, content_type or WAV_CONTENT_TYPE,
+                     rate)
     return Audio(key, controls.output_bytes, content_type or SPEECH_CONTENT_TYPE)
 
 
@@ -1030,20 +1027,25 @@ async def _speech(request: Request, *, streamed: bool) -> Response:
     call = await _accept(request, TTS_FIELDS, STREAM_OUTPUT_FORMATS if streamed else OUTPUT_FORMATS, latency=True)
     if isinstance(call, Response):
         return call
-    request_id = _new_id()
-    text: str = call.body["text"]
-    audio = _audio_of(call, request_id)
-    sim.count_sync_call(call.raw)
-    if call.controls.outcome == "succeeded":
-        history = speech_history(sim)
-        before, after = history.charge(len(text))
-        if call.query["enable_logging"]:
-            history.add(HistoryItem(
-                history_item_id=_new_id(), request_id=request_id, voice_id=request.path_params["voice_id"],
-                model_id=call.body.get("model_id") or TTS_MODEL, text=text, settings=call.body.get("voice_settings"),
-                output_format=call.query["output_format"], audio=audio, done_at=call.done_at,
-                seq=history.next_seq(), characters_from=before, characters_to=after))
-    return _answer(sim, call, request_id, audio, len(text), streamed=streamed)
+
+    async def work() -> Response:
+        request_id = _new_id()
+        text: str = call.body["text"]
+        audio = _audio_of(call, request_id)
+        sim.count_sync_call(call.raw)
+        if call.controls.outcome == "succeeded":
+            history = speech_history(sim)
+            before, after = history.charge(len(text))
+            if call.query["enable_logging"]:
+                history.add(HistoryItem(
+                    history_item_id=_new_id(), request_id=request_id, voice_id=request.path_params["voice_id"],
+                    model_id=call.body.get("model_id") or TTS_MODEL, text=text,
+                    settings=call.body.get("voice_settings"), output_format=call.query["output_format"],
+                    audio=audio, done_at=call.done_at, seq=history.next_seq(), characters_from=before,
+                    characters_to=after))
+        return _answer(sim, call, request_id, audio, len(text), streamed=streamed)
+
+    return await sim.sync_call(PREFIX, _throttled, work)
 
 
 async def text_to_speech(request: Request) -> Response:
@@ -1066,12 +1068,16 @@ async def sound_generation(request: Request) -> Response:
     call = await _accept(request, SFX_FIELDS, OUTPUT_FORMATS, latency=False)
     if isinstance(call, Response):
         return call
-    request_id = _new_id()
-    cost = sound_cost(call.body.get("duration_seconds"))
-    sim.count_sync_call(call.raw)
-    if call.controls.outcome == "succeeded":
-        speech_history(sim).charge(cost)  # the account's counter; sound effects are not in the history
-    return _answer(sim, call, request_id, _audio_of(call, request_id), cost, streamed=False)
+
+    async def work() -> Response:
+        request_id = _new_id()
+        cost = sound_cost(call.body.get("duration_seconds"))
+        sim.count_sync_call(call.raw)
+        if call.controls.outcome == "succeeded":
+            speech_history(sim).charge(cost)  # the account's counter; sound effects are not in the history
+        return _answer(sim, call, request_id, _audio_of(call, request_id), cost, streamed=False)
+
+    return await sim.sync_call(PREFIX, _throttled, work)
 
 
 def _item_not_found() -> JSONResponse:

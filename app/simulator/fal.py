@@ -9,7 +9,8 @@ with three segments in the workflows/ and comfy/ namespaces
 IN_QUEUE | IN_PROGRESS (HTTP 202) then COMPLETED (HTTP 200); a failed
 request is COMPLETED with `error`, and its result answers the model's error.
 Webhooks are signed with Ed25519; the keys are at /fal/.well-known/jwks.json.
-fal reports no cost.
+fal reports no cost. A result's `file_size` is its file's length in bytes
+(`output_bytes`, or the media file `output_duration_s` makes).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from starlette.routing import Route
 from app.signing.webhooks import jwk_for, sign_fal
 from app.simulator.controls import ControlError, parse_controls
 from app.simulator.engine import Simulator
+from app.simulator.outputs import file_size
 from app.simulator.state import CANCEL_REASON, Phase, Task
 from app.simulator.webhooks import OutgoingWebhook
 from app.simulator.wire import (
@@ -122,7 +124,7 @@ def result_payload(task: Task) -> dict[str, Any]:
                 "url": url,
                 "content_type": controls.content_type,
                 "file_name": f"output_{i}.{ext}",
-                "file_size": controls.output_bytes,
+                "file_size": file_size(controls),
                 "width": 1024,
                 "height": 1024,
             }
@@ -175,6 +177,8 @@ async def _submit(request: Request, model_id: str, app_path: str) -> Response:
         controls = parse_controls(body)
     except ControlError as exc:
         return _validation_error(["body", exc.field], str(exc))
+    if sim.busy(PREFIX):
+        return _throttled()
     task = sim.create_task(
         task_id=str(uuid.uuid4()),
         protocol=PROTOCOL,

@@ -1,4 +1,11 @@
-"""Fault rates set through `/_sim/faults`, and the dice that apply them."""
+"""Fault rates set through `/_sim/faults`, and the dice that apply them.
+
+Every fault is a rate from 0 to 1 (`delay_webhook_s` a number of seconds)
+but `max_concurrent`: a whole number from 1 to MAX_CONCURRENT, or null (no
+limit, the default). Above it a create or a sync call of a protocol prefix
+is refused with that protocol's documented 429 (app/simulator/engine.py
+says what is in flight).
+"""
 from __future__ import annotations
 
 import math
@@ -7,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 MAX_WEBHOOK_DELAY_S = 3600.0
+MAX_CONCURRENT = 1_000_000
 
 
 class FaultError(ValueError):
@@ -28,8 +36,11 @@ class Faults:
     # A sync call answered with Anthropic's documented 529 overloaded_error
     # (and `retry-after: 1`) instead of the work.
     overloaded: float = 0.0
+    # At most this many tasks and sync calls of one protocol prefix in
+    # flight at once (None: no limit); above it the protocol's 429.
+    max_concurrent: int | None = None
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
 
 
@@ -44,8 +55,11 @@ def parse_faults(body: Any) -> Faults:
     unknown = sorted(set(body) - set(FAULT_NAMES))
     if unknown:
         raise FaultError(f"unknown fault {unknown[0]!r}; known: {', '.join(FAULT_NAMES)}")
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {}
     for name, value in body.items():
+        if name == "max_concurrent":
+            values[name] = _max_concurrent(value)
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise FaultError(f"{name} must be a number")
         high = MAX_WEBHOOK_DELAY_S if name == "delay_webhook_s" else 1.0
@@ -53,6 +67,17 @@ def parse_faults(body: Any) -> Faults:
             raise FaultError(f"{name} must be between 0 and {high:g}")
         values[name] = float(value)
     return Faults(**values)
+
+
+def _max_concurrent(value: Any) -> int | None:
+    if value is None:
+        return None
+    # 3.0 is 3, as the controls read whole numbers.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENT:
+        raise FaultError(f"max_concurrent must be a whole number from 1 to {MAX_CONCURRENT}, or null")
+    return value
 
 
 def roll(rng: random.Random, rate: float) -> bool:

@@ -17,7 +17,9 @@ one those schemas or fixtures name.
   `callbackUrl`; the simulator's `input` controls ride at its top level
   (CONTRACT.md). The number of videos is the `outputs` control when given,
   else `n`, else 1. Their media type is `video/mp4` unless `content_type` says
-  otherwise. `output_text` is ignored: the API answers videos only.
+  otherwise; with `output_duration_s` each is a real MP4 of that many seconds
+  (app/simulator/media.py), by URL or inline alike. `output_text` is
+  ignored: the API answers videos only.
 - The answer is `{"operation": {"gatewayJobId": ...}, "providerMetadata":
   {"gateway": {"asyncJob": {"jobId", "status"[, "webhookSigningSecret"]}}}}`
   (the SDK test's fixture). The secret is there only when `callbackUrl` was
@@ -60,9 +62,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app.signing.webhooks import sign_tv1
-from app.simulator.controls import MAX_OUTPUTS, ControlError, parse_controls
+from app.simulator.controls import MAX_OUTPUTS, ControlError, parse_controls, with_default_type
 from app.simulator.engine import Simulator
-from app.simulator.outputs import aiter_chunks, output_bytes_iter
+from app.simulator.outputs import aiter_chunks, file_chunks
 from app.simulator.state import Phase, Task
 from app.simulator.webhooks import OutgoingWebhook
 from app.simulator.wire import (
@@ -181,7 +183,7 @@ def completed_body(task: Task, now: float) -> Iterator[bytes]:
             yield b","
         if inline_videos(task.model):
             yield b'{"type":"base64","mediaType":' + media_type + b',"data":"'
-            yield from base64_chunks(output_bytes_iter(task.id, index, task.controls.output_bytes))
+            yield from base64_chunks(file_chunks(task.id, index, task.controls))
             yield b'"}'
         else:
             yield dumps({"type": "url", "url": url, "mediaType": task.controls.content_type})
@@ -234,8 +236,7 @@ async def start(request: Request) -> Response:
         count = _video_count(body, controls.outputs)
     except (ControlError, ValueError) as exc:
         return _error(INVALID_REQUEST, str(exc))
-    controls = replace(controls, outputs=count,
-                       content_type=controls.content_type if "content_type" in body else VIDEO_CONTENT_TYPE)
+    controls = replace(with_default_type(controls, body, VIDEO_CONTENT_TYPE), outputs=count)
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
         return _error(INVALID_REQUEST, f"idempotency-key must be 1 to {MAX_IDEMPOTENCY_KEY} characters")
@@ -243,6 +244,8 @@ async def start(request: Request) -> Response:
     existing = sim.store.by_idempotency_key.get(key) if key is not None else None
     if existing is not None and existing.protocol == PROTOCOL:
         return JSONResponse(start_view(existing, time.time(), with_secret=False))
+    if sim.busy(PREFIX):
+        return _throttled()
     task = sim.create_task(
         task_id="gwjob_" + secrets.token_hex(12),
         protocol=PROTOCOL,

@@ -41,7 +41,8 @@ Simulator conventions, where the documents are silent:
   way Google refuses an unknown field (`webhookConfig` included: the
   simulator sends no Gemini webhooks);
 - `output_text` is refused: Veo answers no text;
-- videos are `video/mp4` unless `content_type` says otherwise, and are kept
+- videos are `video/mp4` unless `content_type` says otherwise (with
+  `output_duration_s`, real MP4s of that many seconds), and are kept
   2 days (the Veo page) unless `output_ttl_s` says otherwise: then their
   download answers 404 NOT_FOUND (the operation still names them);
 - a failed operation's error is code 13 (INTERNAL) with the simulator's
@@ -60,9 +61,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app.simulator.controls import ControlError, Controls, parse_controls
+from app.simulator.controls import ControlError, Controls, parse_controls, with_default_type
 from app.simulator.engine import Simulator
-from app.simulator.outputs import aiter_chunks, output_bytes_iter
+from app.simulator.outputs import aiter_chunks, file_chunks, file_size
 from app.simulator.state import FAILURE_REASON, Phase, Task
 from app.simulator.webhooks import OutgoingWebhook
 from app.simulator.wire import THROTTLE_RETRY_AFTER_S, BadBody, HoldThenDrop, read_json, server_base
@@ -167,10 +168,8 @@ def controls_of(body: dict[str, Any]) -> Controls:
         raise ControlError("parameters", "must be an object")
     if "output_text" in parameters:
         raise ControlError("output_text", "is not supported: Veo answers videos")
-    controls = parse_controls(parameters)
+    controls = with_default_type(parse_controls(parameters), parameters, VIDEO_TYPE)
     values: dict[str, Any] = {}
-    if "content_type" not in parameters:
-        values["content_type"] = VIDEO_TYPE
     if "output_ttl_s" not in parameters:
         values["output_ttl_s"] = OUTPUT_TTL_S
     if "sampleCount" in parameters:
@@ -218,6 +217,8 @@ async def predict_long_running(request: Request) -> Response:
     except ControlError as exc:
         # The controls' own words, named where they are in this body.
         return _invalid(f"parameters.{exc.field}{str(exc)[len('input.' + exc.field):]}")
+    if sim.busy(PREFIX):
+        return _throttled()
     task = sim.create_task(
         task_id=secrets.token_hex(OP_ID_LEN // 2),
         protocol=PROTOCOL,
@@ -265,9 +266,8 @@ async def download_file(request: Request) -> Response:
         or now >= task.outputs_expire_at
     ):
         return _not_found()
-    size = task.controls.output_bytes
-    return StreamingResponse(aiter_chunks(output_bytes_iter(task.id, parsed[1], size)),
-                             headers={"content-length": str(size), "cache-control": "no-store"},
+    return StreamingResponse(aiter_chunks(file_chunks(task.id, parsed[1], task.controls)),
+                             headers={"content-length": str(file_size(task.controls)), "cache-control": "no-store"},
                              media_type=task.controls.content_type)
 
 

@@ -43,6 +43,11 @@ the top-level body, beside the family's own fields):
   `error` (code 501, `data: null`) for a failure; tracks in callbacks are
   snake_case (`audio_url`...). Audio is `audio/mpeg`.
 
+With `output_duration_s` an output is a real media file of that many
+seconds (app/simulator/media.py): an MP4 for Veo and Runway (`video/mp4`),
+a WAV (`audio/wav`) for the Market, Flux Kontext and Suno unless
+`content_type` names a video type.
+
 Each family refuses (code 422) what its generate page marks required and a
 `model` outside its page's enum: Veo `prompt`, `model` veo3 | veo3_fast |
 veo3_lite (the Chinese page names Veo 3.1 Lite; the English enum has the
@@ -59,7 +64,8 @@ Flux's `originImageUrl` echoes `inputImage` ("" without one); Runway's
 `generateParam` echoes `prompt` and `imageUrl`, `expandPrompt` false, and
 its thumbnail `imageUrl` is ""; Suno tracks have ids derived from the task
 id, `streamAudioUrl` the same file as `audioUrl`, no cover (`imageUrl` ""),
-a `duration` of 30 s each, `modelName` "chirp-" + the model in lower case
+a `duration` of 30 s each (or `output_duration_s`: then each track is a
+real WAV of that length, `audio/wav` unless `content_type` says), `modelName` "chirp-" + the model in lower case
 (V3_5 -> chirp-v3-5, the pages' example), a failed task reports no stage
 before its `error`, and a `text` callback carries no track (`data: []`);
 times are UTC. Echoes of the create request (`paramJson`, Suno `param`)
@@ -91,7 +97,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.simulator.controls import ControlError, Controls, parse_controls
+from app.simulator.controls import ControlError, Controls, parse_controls, with_default_type
 from app.simulator.engine import Simulator
 from app.simulator.state import QUEUED_SHARE, Phase, Task
 from app.simulator.webhooks import OutgoingWebhook
@@ -328,7 +334,7 @@ def _suno_track(task: Task, index: int, url: str) -> dict[str, Any]:
         "title": body.get("title", ""),
         "tags": body.get("style", ""),
         "createTime": _clock(task.created_at),
-        "duration": SUNO_TRACK_SECONDS,
+        "duration": task.controls.output_duration_s or SUNO_TRACK_SECONDS,
     }
 
 
@@ -446,7 +452,7 @@ def _same(controls: Controls, body: Mapping[str, Any]) -> Controls:
 
 
 def _video(controls: Controls, body: Mapping[str, Any]) -> Controls:
-    return controls if "content_type" in body else dataclasses.replace(controls, content_type="video/mp4")
+    return with_default_type(controls, body, "video/mp4")
 
 
 def _one_video(controls: Controls, body: Mapping[str, Any]) -> Controls:
@@ -455,13 +461,12 @@ def _one_video(controls: Controls, body: Mapping[str, Any]) -> Controls:
 
 def _one_image(controls: Controls, body: Mapping[str, Any]) -> Controls:
     kind = "image/png" if body.get("outputFormat") == "png" else "image/jpeg"
-    return dataclasses.replace(controls, outputs=min(controls.outputs, 1),
-                               content_type=controls.content_type if "content_type" in body else kind)
+    return dataclasses.replace(with_default_type(controls, body, kind), outputs=min(controls.outputs, 1))
 
 
 def _tracks(controls: Controls, body: Mapping[str, Any]) -> Controls:
-    return dataclasses.replace(controls, outputs=controls.outputs if "outputs" in body else SUNO_TRACKS,
-                               content_type=controls.content_type if "content_type" in body else "audio/mpeg")
+    return dataclasses.replace(with_default_type(controls, body, "audio/mpeg"),
+                               outputs=controls.outputs if "outputs" in body else SUNO_TRACKS)
 
 
 def _hex_id() -> str:
@@ -501,9 +506,14 @@ def _family_of(task: Task) -> str:
 # ------------------------------------------------------------------ routes
 
 
+def _rate_limited(text_key: str) -> Response:
+    """The protocol's documented 429 (the throttle fault's, and `max_concurrent`'s)."""
+    return _answer(text_key, 429, RATE_LIMITED, http_status=429)
+
+
 def _throttled(sim: Simulator, text_key: str) -> Response | None:
     """The protocol's documented 429 instead of the work, when the throttle fault says so."""
-    return _answer(text_key, 429, RATE_LIMITED, http_status=429) if sim.fault("throttle") else None
+    return _rate_limited(text_key) if sim.fault("throttle") else None
 
 
 async def _create(request: Request, family: Family | None) -> Response:
@@ -538,6 +548,8 @@ async def _create(request: Request, family: Family | None) -> Response:
             extra = {"family": family.name, "body": body, "param": json.dumps(body)}
     except (BadBody, Invalid, ControlError) as exc:
         return _answer("msg", 422, str(exc))
+    if sim.busy(PREFIX):
+        return _rate_limited("msg")
     task = sim.create_task(
         task_id="task_" + secrets.token_hex(16) if family is None else family.new_id(),  # "task_12345678"
         protocol=PROTOCOL,

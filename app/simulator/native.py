@@ -1,4 +1,10 @@
-"""The simulator's own protocol (provider `sim`): /v1/tasks."""
+"""The simulator's own protocol (provider `sim`): /v1/tasks.
+
+Its prefix, for `max_concurrent` and `peak_concurrent`, is "/v1" (where its
+routes are mounted; the other protocols' prefixes are their mount points
+too: "/replicate", "/anthropic", ...). Above `max_concurrent` a create is
+the throttle's 429 (`retry-after: 1`).
+"""
 from __future__ import annotations
 
 import secrets
@@ -26,6 +32,7 @@ from app.simulator.wire import (
 )
 
 PROTOCOL = "sim"
+PREFIX = "/v1"
 
 
 def task_view(task: Task, now: float) -> dict[str, Any]:
@@ -83,6 +90,8 @@ async def create_task(request: Request) -> Response:
     existing = sim.store.by_idempotency_key.get(key) if key is not None else None
     if existing is not None:
         return _created(existing, 200)
+    if sim.busy(PREFIX):
+        return _throttled()
     task = sim.create_task(
         task_id="sim_" + secrets.token_hex(12),
         protocol=PROTOCOL,
@@ -133,7 +142,7 @@ def render_webhook(sim: Simulator, task: Task, event: str, now: float) -> Outgoi
 
 
 routes = [
-    Route("/v1/tasks", create_task, methods=["POST"]),
-    Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
-    Route("/v1/tasks/{task_id}/cancel", cancel_task, methods=["POST"]),
+    Route(f"{PREFIX}/tasks", create_task, methods=["POST"]),
+    Route(f"{PREFIX}/tasks/{{task_id}}", get_task, methods=["GET"]),
+    Route(f"{PREFIX}/tasks/{{task_id}}/cancel", cancel_task, methods=["POST"]),
 ]

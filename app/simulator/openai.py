@@ -76,6 +76,10 @@ and the official client openai-python (`types/chat/chat_completion.py`,
   was made). `submit_timeout_after_create` does the work (waits
   `duration_s`, counted) and then drops the answer (`HoldThenDrop`), stream
   or not.
+- Above `max_concurrent` (calls in flight under /openai: from the start of
+  the work until the answer has gone out or was dropped) a call with a
+  valid body is the throttle's 429 instead, not counted.
+  `output_duration_s` is checked and does not apply (no files here).
 """
 from __future__ import annotations
 
@@ -120,7 +124,7 @@ ROLES = ("developer", "system", "user", "assistant", "tool", "function")
 CONTENT_OPTIONAL = ("assistant", "function")
 
 # The simulator's controls that are numbers (CONTRACT.md); in `metadata` they may come as strings.
-NUMERIC_CONTROLS = ("duration_s", "output_bytes", "outputs", "cost", "output_ttl_s")
+NUMERIC_CONTROLS = ("duration_s", "output_bytes", "outputs", "cost", "output_ttl_s", "output_duration_s")
 TEXT_CONTROLS = ("outcome", "content_type", "output_text")
 TOKEN_CONTROLS = ("input_tokens", "output_tokens")
 
@@ -482,6 +486,11 @@ async def create_chat_completion(request: Request) -> Response:
         return _error(400, InvalidRequest(NOT_JSON).body())
     except InvalidRequest as exc:
         return _error(400, exc.body())
+    return await sim.sync_call(PREFIX, _throttled, lambda: _work(sim, call, raw))
+
+
+async def _work(sim: Simulator, call: ChatCall, raw: bytes) -> Response:
+    """The call's work and its answer (the call is in flight meanwhile)."""
     sim.count_sync_call(raw)
     duration_s = call.controls.duration_s
     if sim.fault("submit_timeout_after_create"):

@@ -345,7 +345,8 @@ async def _create(request: Request, model: str | None) -> Response:
         controls = parse_controls(task_input)
     except ControlError as exc:
         return _problem(422, "Input validation failed", f"- {exc}")
-
+    if sim.busy(PREFIX):
+        return _throttled()
     task = sim.create_task(
         task_id=_prediction_id(),
         protocol=PROTOCOL,
@@ -534,6 +535,8 @@ async def create_training(request: Request) -> Response:
         controls = parse_controls(task_input)
     except ControlError as exc:
         return _problem(422, "Input validation failed", f"- {exc}")
+    if sim.busy(PREFIX):
+        return _throttled()
     owner, name = request.path_params["owner"], request.path_params["name"]
     task = sim.create_task(
         task_id=_prediction_id(),

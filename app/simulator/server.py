@@ -54,6 +54,9 @@ def create_app(
         gemini.PROTOCOL: gemini.render_webhook,
         elevenlabs.PROTOCOL: elevenlabs.render_webhook,
     })
+    # Concurrency is counted per prefix, named as the routes are mounted.
+    sim.prefixes.update({module.PROTOCOL: module.PREFIX for module in (
+        native, replicate, fal, kie, gateway, gemini, elevenlabs, anthropic, openai)})
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

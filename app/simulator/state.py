@@ -3,10 +3,19 @@
 A task's state is never stored: it is computed from the clock
 (`created_at` + `duration_s`), so reading a task costs a dict lookup and a
 few comparisons however many tasks exist. Only a cancel writes anything.
+
+`InFlight` keeps what is in flight per protocol prefix (for the
+`max_concurrent` fault and the `peak_concurrent` stat): a task from its
+creation until it ends at the provider (`finished_at`: done by the clock,
+stopped by its deadline, or cancelled), a sync call from the start of its
+work until it is released (its answer sent or dropped).
 """
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -128,6 +137,9 @@ class Stats:
     # Sync calls that did their work, by the sha256 hex of the raw request
     # body (fault answers sent instead of the work are not counted).
     sync_calls_by_body: Counter = field(default_factory=Counter)
+    # The most tasks and sync calls of each protocol prefix in flight at
+    # once (only prefixes that had any).
+    peak_concurrent: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -139,7 +151,54 @@ class Stats:
             "webhooks_failed": self.webhooks_failed,
             "status_calls": self.status_calls,
             "sync_calls_by_body": dict(self.sync_calls_by_body),
+            "peak_concurrent": dict(self.peak_concurrent),
         }
+
+
+class InFlight:
+    """The tasks and sync calls in flight, per protocol prefix, and the
+    most of each prefix at once (written into `peaks`).
+
+    A task is added with its end (`finished_at`) and leaves by itself when
+    the clock passes it, or early through `end` (a cancel); a sync call is
+    added with no end and leaves through `end`. Counting a prefix drops
+    what has ended since from a heap of ends: each entry costs O(log n)
+    once, however often the prefix is counted."""
+
+    def __init__(self, peaks: dict[str, int]):
+        self._peaks = peaks
+        self._live: dict[str, dict[object, float]] = {}  # prefix -> key -> when it ends
+        self._ends: dict[str, list[tuple[float, int, object]]] = {}  # prefix -> heap of (ends_at, seq, key)
+        self._seq = itertools.count()
+
+    def count(self, prefix: str, now: float) -> int:
+        live = self._live.get(prefix)
+        if not live:
+            return 0
+        heap = self._ends.get(prefix, [])
+        while heap and heap[0][0] <= now:
+            ends_at, _, key = heapq.heappop(heap)
+            if live.get(key) == ends_at:
+                del live[key]
+        return len(live)
+
+    def add(self, prefix: str, key: object, now: float, ends_at: float = math.inf) -> None:
+        """One more in flight from `now`: it counts towards the peak even
+        if it ends at once (a task of `duration_s` 0)."""
+        count = self.count(prefix, now) + 1
+        if count > self._peaks.get(prefix, 0):
+            self._peaks[prefix] = count
+        if ends_at <= now:
+            return
+        self._live.setdefault(prefix, {})[key] = ends_at
+        if ends_at != math.inf:
+            heapq.heappush(self._ends.setdefault(prefix, []), (ends_at, next(self._seq), key))
+
+    def end(self, prefix: str, key: object) -> None:
+        """`key` is no longer in flight (a cancel, a sync call's answer sent or dropped)."""
+        live = self._live.get(prefix)
+        if live is not None:
+            live.pop(key, None)
 
 
 class Store:
@@ -155,6 +214,7 @@ class Store:
         self.by_idempotency_key: dict[str, Task] = {}
         self.by_protocol: dict[str, list[Task]] = {}  # creation order
         self.stats = Stats()
+        self.in_flight = InFlight(self.stats.peak_concurrent)
         self.faults = Faults()
         # What a protocol keeps beside its tasks (ElevenLabs' speech
         # history), forgotten with them.

@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -160,3 +161,19 @@ def hide_abort_in_server_log() -> None:
 
 # The simulator's throttle answers ask the client to wait this long.
 THROTTLE_RETRY_AFTER_S = 1
+
+
+class ReleaseAfter(Response):
+    """`inner`, then `release()` once it has been sent, or has failed or
+    been cut short (the client left): whatever became of it."""
+
+    def __init__(self, inner: Response, release: Callable[[], None]):
+        super().__init__(status_code=inner.status_code)
+        self.inner = inner
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.inner(scope, receive, send)
+        finally:
+            self.release()

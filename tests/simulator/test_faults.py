@@ -47,7 +47,7 @@ def test_faults_are_shown_set_replaced_and_cleared(client):
     assert client.get("/_sim/faults").json() == {
         "drop_webhook": 0.0, "duplicate_webhook": 0.0, "delay_webhook_s": 0.0, "submit_error": 0.0,
         "submit_timeout_after_create": 0.0, "status_error": 0.0, "download_error": 0.0, "throttle": 0.0,
-        "overloaded": 0.0,
+        "overloaded": 0.0, "max_concurrent": None,
     }
     assert client.post("/_sim/faults", json={"status_error": 0.5}).json()["status_error"] == 0.5
     client.post("/_sim/faults", json={"drop_webhook": 1})

@@ -38,6 +38,8 @@ def test_creates_and_status_calls_are_counted_across_protocols(client):
         "webhooks_failed": 0,
         "status_calls": 6,
         "sync_calls_by_body": {},  # no sync call was made
+        # Every task outlives the test; the replayed key made none.
+        "peak_concurrent": {"/v1": 2, "/replicate": 1, "/fal": 1, "/kie": 1},
     }
 
 
@@ -48,6 +50,7 @@ def test_reset_forgets_tasks_counters_and_faults(client):
     assert client.post("/_sim/reset").status_code == 200
     stats = client.get("/_sim/stats").json()
     assert stats["tasks_created"] == 0 and stats["creates_by_idempotency_key"] == {}
+    assert stats["peak_concurrent"] == {}
     assert client.get("/_sim/faults").json()["status_error"] == 0.0
     assert client.get(f"/v1/tasks/{task_id}").status_code == 404
     # the key is free again
