@@ -417,6 +417,8 @@ async def outputs_stored(conn, storage: Storage, *, simulator_bytes: bool = True
                 size = None
         else:
             source = simulator_task_id(r["provider_task_id"])
+            if "output_duration_s" in input_:
+                size = None  # a real WAV/MP4, sized by its duration (app.simulator.media_sha256)
         for a in assets:
             if a["key"] != object_key(r["owner_id"], r["id"], a["index"]):
                 violations.append(f"{r['id']}[{a['index']}]: stored under {a['key']!r}, not its own key")

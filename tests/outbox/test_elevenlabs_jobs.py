@@ -128,8 +128,10 @@ async def test_an_in_doubt_submit_is_found_by_name_one_dub_charged_once(web, mak
 
 
 REFUSED = [
-    (dub_job(model="text-to-speech/JBFqnCBsd6RMkjVDRZzb"), "elevenlabs: model must be dubbing; "),
-    (dub_job(model="sound-generation"), "elevenlabs: model must be dubbing; "),
+    # A dub's input sent to the sync models: nothing to speak.
+    (dub_job(model="text-to-speech/JBFqnCBsd6RMkjVDRZzb"), "elevenlabs: input.text is required"),
+    (dub_job(model="sound-generation"), "elevenlabs: input.text is required"),
+    (dub_job(model="lip-sync"), "elevenlabs: model must be text-to-speech/<voice_id>, sound-generation or dubbing"),
     ({**dub_job(), "input": {"target_lang": "es"}}, "input.source_url is required"),
     (dub_job(file="keynote.mp4"), "input.file: file uploads are not supported"),
 ]
@@ -138,7 +140,7 @@ REFUSED = [
 async def test_what_cannot_be_dubbed_fails_at_submit_refunded(web, make_owner, db, sim, make_settings,
                                                               start_settler):
     # The web tier takes these jobs (it does not know ElevenLabs' models);
-    # the submit refuses them before anything is sent.
+    # the submit (or the sync call) refuses them before anything is sent.
     env = eleven_env(f"{sim.url}/elevenlabs", sim.url)
     server = await web(**env)
     await start_settler(make_settings(**env))
