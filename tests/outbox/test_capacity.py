@@ -22,6 +22,7 @@ from tests.outbox.conftest import assert_money_balances, wait_for_status
 from tests.outbox.test_races import env_of, settler_process
 from tests.providers.scripted import Script
 from tests.support.loopback import LoopbackServer
+from tests.support.simulator import stats
 
 S = JobStatus
 SUBMITTED = ("submitting", "running", "uncertain")
@@ -108,6 +109,8 @@ async def test_two_settler_processes_never_exceed_a_cap_of_3_and_all_30_jobs_suc
             p.wait(30)
     peak = await watcher
     assert peak == 3, f"at most 3 submitted at once, the database showed {peak}"
+    # The provider's own count: never more than 3 of its tasks running at once.
+    assert 1 <= stats(sim.url)["peak_concurrent"]["/v1"] <= 3
     assert took < 55, f"30 jobs took {took:.0f} s: waiting jobs were not woken"
     await assert_money_balances(db)
 
