@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from app.capacity import Caps, caps_for, capped_providers, is_capped
+from app.capacity import Caps, capped_providers, caps_for, is_capped
 from app.config import load_settings
 from app.models_file import parse
 from app.vocabulary import JobError, JobStatus
@@ -233,3 +233,15 @@ async def test_status_shows_each_capped_provider_and_its_pause(db, make_settings
     assert "provider: kie 0 in flight of 5, paused" in text
     assert "provider: fal 0 in flight (capped per model)" in text
 
+
+
+async def test_metrics_show_each_capped_providers_jobs_cap_and_pause(web, db):
+    server = await web(MAX_IN_FLIGHT_FAL="8")
+    await db.execute("insert into provider_pauses (provider, until, reason) values ('fal', now() + interval '40 s', "
+                     "'fal: rate limited (HTTP 429)')")
+    async with server.client() as c:
+        text = (await c.get("/metrics")).text
+    assert 'longcall_provider_max_in_flight{provider="fal"} 8.0' in text
+    assert 'longcall_provider_submitted_jobs{provider="fal"} 0.0' in text
+    paused = [line for line in text.splitlines() if line.startswith('longcall_provider_paused_seconds{provider="fal"}')]
+    assert paused and 30 < float(paused[0].rsplit(" ", 1)[1]) <= 40
