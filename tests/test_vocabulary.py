@@ -11,8 +11,8 @@ import sys
 from app.vocabulary import (
     ALL_STATUSES,
     IN_FLIGHT,
-    SUBMITTED,
     REFUNDED,
+    SUBMITTED,
     TERMINAL,
     IntentKind,
     LedgerKind,
