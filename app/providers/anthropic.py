@@ -97,24 +97,10 @@ REQUEST_ID_HEADER = "request-id"
 TOOL_INPUT_BLOCKS = ("tool_use", "server_tool_use")
 
 
-
-
 # ------------------------------------------------------------------ pure: the request
 
 
-
-
-
-
-
-
-
-
-
-
 # ------------------------------------------------------------------ pure: the answer
-
-
 
 
 def message_usage(message: Any) -> tuple[Usage, ...]:
@@ -290,21 +276,7 @@ class MessageStream:
 # ------------------------------------------------------------------ the call, shared by the JSON sync adapters
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 # ------------------------------------------------------------------ the adapter
-
-
 
 
 class AnthropicProvider(SyncJsonProvider):
