@@ -393,10 +393,11 @@ def characters_used(character_cost: str | None, text: str) -> float:
     return float(len(text))
 
 
-def answered(file: OutputFile, characters: float, request_id: Any) -> Observation:
-    """A sync call's answer as its Observation (pure): the audio is output 0."""
+def answered(file: OutputFile, characters: float, request_id: Any, secrets: Secrets) -> Observation:
+    """A sync call's answer as its Observation (pure): the audio is output 0;
+    its request id kept only when it is an id that holds no secret."""
     return Observation(state=TaskState.SUCCEEDED, files=(file,), usage=(Usage(UsageUnit.CHARACTERS, characters),),
-                       request_id=claimed_id(request_id))
+                       request_id=secrets.clean_id(request_id))
 
 
 def _date_unix(item: Mapping[str, Any]) -> int | None:
@@ -583,7 +584,7 @@ class ElevenLabsProvider(Provider):
                 if file.bytes == 0:
                     raise Uncertain(f"{NAME}: the call answered HTTP {response.status_code} with no audio")
                 return answered(file, characters_used(response.headers.get("character-cost"), text),
-                                response.headers.get("request-id"))
+                                response.headers.get("request-id"), self._secrets)
         except BaseException:
             _remove(file)
             raise
@@ -619,7 +620,7 @@ class ElevenLabsProvider(Provider):
                     raise Transient(f"{NAME}: the history audio broke off while it was read") from None
             if file.bytes == 0:
                 raise Transient(f"{NAME}: the history item's audio is empty")
-            return answered(file, float(len(text)), item.get("request_id"))
+            return answered(file, float(len(text)), item.get("request_id"), self._secrets)
         except BaseException:
             _remove(file)
             raise

@@ -29,7 +29,16 @@ import httpx
 from app.http_transport import AsyncioTransport
 from app.origins import host_of as host_of  # re-exported: the adapters import both from here
 from app.origins import same_origin as same_origin
-from app.providers.base import Observation, ProviderError, Rejected, TaskState, Transient, Uncertain
+from app.providers.base import (
+    MAX_TASK_ID_CHARS,
+    Observation,
+    ProviderError,
+    Rejected,
+    TaskState,
+    Transient,
+    Uncertain,
+    claimed_id,
+)
 
 _MAX_DETAIL = 200
 _MIN_SECRET_LEN = 4
@@ -110,6 +119,23 @@ class Secrets:
             return self
         return self.plus(*(value for _, value in parse_qsl(urlsplit(callback_url).query)))
 
+    def _scrubbed(self, value: Any) -> Any:
+        """A JSON value with the secrets masked in each of its strings, so
+        that writing it as JSON text (which escapes each string once more)
+        cannot carry a form of one that is no longer masked."""
+        if isinstance(value, str):
+            for form in self._forms:
+                value = value.replace(form, "[redacted]")
+            return value
+        if isinstance(value, Mapping):
+            return {self._scrubbed(k) if isinstance(k, str) else k: self._scrubbed(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._scrubbed(v) for v in value]
+        return value
+
+    def _json_text(self, value: Any) -> str:
+        return json.dumps(self._scrubbed(value), default=str)
+
     def mask(self, text: str, limit: int = _MAX_DETAIL) -> str:
         """Provider text made safe to show: query strings of URLs removed,
         secrets masked, whitespace folded, at most `limit` characters (cut
@@ -121,6 +147,13 @@ class Secrets:
         if len(text) > limit:
             text = text[: limit - 1] + "…"
         return text
+
+    def clean_id(self, value: object) -> str | None:
+        """A provider's id for something (a sync call's request id) as we
+        keep it: `value` when it can be an id (base.claimed_id) and holds
+        none of these secrets in any form; else None."""
+        kept = claimed_id(value)
+        return kept if kept is not None and self.mask(kept, limit=MAX_TASK_ID_CHARS) == kept else None
 
     def reason(self, value: Any) -> str | None:
         """A provider's failure reason (a string, or an object/list) as one
@@ -137,7 +170,7 @@ class Secrets:
             msgs = [str(v.get("msg")) for v in value if v.get("msg")]
             if msgs:
                 return self.mask("; ".join(msgs))
-        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        text = value if isinstance(value, str) else self._json_text(value)
         return self.mask(text) or None
 
     def detail(self, response: httpx.Response) -> str:
@@ -151,10 +184,10 @@ class Secrets:
             for key in ("detail", "msg", "message", "error", "title"):
                 value = body.get(key)
                 if value:
-                    text = value if isinstance(value, str) else json.dumps(value, default=str)
+                    text = value if isinstance(value, str) else self._json_text(value)
                     break
         elif isinstance(body, (str, list)) and body:
-            text = body if isinstance(body, str) else json.dumps(body, default=str)
+            text = body if isinstance(body, str) else self._json_text(body)
         if not text and not isinstance(body, (Mapping, list)):
             try:
                 raw = response.text

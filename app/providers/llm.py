@@ -35,7 +35,6 @@ from app.providers.base import (
     Usage,
     UsageUnit,
     WebhookRequest,
-    claimed_id,
 )
 from app.providers.http import Clients, Secrets, answer_error, sync_call
 from app.providers.inline import write_answer, write_json_output
@@ -182,7 +181,7 @@ async def json_call(client: httpx.AsyncClient, provider: str, url: str, *, body:
     try:
         async with sync_call(client, provider, "POST", url, secrets=secrets, timeout_s=timeout_s, content=body,
                              headers={"content-type": JSON_CONTENT_TYPE, **headers}) as response:
-            request_id = claimed_id(response.headers.get(request_id_header))
+            request_id = secrets.clean_id(response.headers.get(request_id_header))
             if assembler is not None and not is_json(response):
                 answer = await read_stream(response, provider, assembler, max_bytes=max_bytes, secrets=secrets,
                                            end=end)

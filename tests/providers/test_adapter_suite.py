@@ -3,22 +3,38 @@ HTTP (its native protocol, or its emulation of the provider's wire protocol
 under /replicate, /fal, /kie, ...). What differs between providers is read
 from the adapter's facts (can it cancel, does it call back, is its submit
 idempotent, can it look a task up), never from its name, except for checks
-only one provider's protocol allows."""
+only one provider's protocol allows.
+
+Sync models (an LLM's one call, ElevenLabs' speech and sound effects) are
+told apart the same way: by `facts_for(model).kind`. The cases are split by
+it (`CASES`, the async ones, each submitted and polled; `SYNC_CASES`, each
+called once), and every case's kind is held to the registry's
+`provider_kind`. A sync case's tests read its facts too: a lost call is
+looked up again only when `can_recover` says it can be."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
+from app.providers import provider_kind
+from app.providers.anthropic import AnthropicProvider
 from app.providers.base import (
     Observation,
+    OutputFile,
     Provider,
+    ProviderKind,
     Rejected,
     SubmitRequest,
     Submitted,
@@ -33,9 +49,11 @@ from app.providers.fal import FalProvider
 from app.providers.gateway import GatewayProvider
 from app.providers.gemini import GeminiProvider
 from app.providers.kie import KieProvider
+from app.providers.openai import OpenAIProvider
 from app.providers.replicate import ReplicateProvider
 from app.providers.sim import SimProvider
 from app.signing.tokens import make_capability_token
+from app.simulator import output_sha256
 from tests.support.simulator import RunningSimulator, clear_faults, set_faults, stats
 
 SUBMIT_TIMEOUT_S = 1.5
@@ -47,7 +65,9 @@ FAST = {"duration_s": 0.4}
 class Case:
     name: str
     model: str
-    make: Callable[[str, float], Provider]  # (simulator URL, timeout) → adapter
+    # (simulator URL, timeout[, spool directory]) → adapter; a sync case's
+    # adapter writes its answers into the spool directory.
+    make: Callable[..., Provider]
     reports_cost: bool = False
     # Input the model needs besides the simulator's controls (a dub's source).
     input: dict = field(default_factory=dict)
@@ -73,7 +93,43 @@ def predict_long_running_body(flat: dict) -> dict:
     return {"instances": [{"prompt": rest.pop("prompt")}], "parameters": rest}
 
 
-CASES = [
+def messages_body(flat: dict, *, stream: bool = False) -> dict:
+    """A Messages (Anthropic) or Chat Completions (OpenAI) body: the prompt
+    the user's message, the simulator's controls in `metadata`, where both
+    simulators read them (CONTRACT.md); Anthropic's required `max_tokens`."""
+    rest = dict(flat)
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": rest.pop("prompt")}], "metadata": rest}
+    return {**body, "stream": True} if stream else body
+
+
+def anthropic_body(flat: dict, *, stream: bool = False) -> dict:
+    return {"max_tokens": 256, **messages_body(flat, stream=stream)}
+
+
+def speech_body(flat: dict) -> dict:
+    """ElevenLabs' speech and sound bodies: the prompt is the `text`, the
+    controls ride in the JSON body beside it."""
+    rest = dict(flat)
+    return {"text": rest.pop("prompt"), **rest}
+
+
+VOICE = "21m00Tcm4TlvDq8ikWAM"
+
+
+# The sync adapters, each writing its answers into `spool`.
+def anthropic_adapter(url: str, timeout_s: float, spool: str | None = None) -> Provider:
+    return AnthropicProvider(url + "/anthropic", "suite-anthropic-key", timeout_s=timeout_s, spool_dir=spool)
+
+
+def openai_adapter(url: str, timeout_s: float, spool: str | None = None) -> Provider:
+    return OpenAIProvider(url + "/openai/v1", "suite-openai-key", timeout_s=timeout_s, spool_dir=spool)
+
+
+def elevenlabs_adapter(url: str, timeout_s: float, spool: str | None = None) -> Provider:
+    return ElevenLabsProvider(url + "/elevenlabs", "suite-xi-key", timeout_s=timeout_s, spool_dir=spool)
+
+
+ALL_CASES = [
     Case("sim", "image-fast", lambda url, t: SimProvider(url, timeout_s=t), reports_cost=True),
     Case("replicate", "acme/image-model",
          lambda url, t: ReplicateProvider(url + "/replicate", "r8_suite_token", timeout_s=t)),
@@ -107,7 +163,37 @@ CASES = [
     Case("gemini", "veo-3.1-generate-preview",
          lambda url, t: GeminiProvider(url + "/gemini", "suite-gemini-key", timeout_s=t),
          shape=predict_long_running_body),
+    # Sync: one call each, its answer output 0, written to the spool directory.
+    Case("anthropic", "claude-sonnet-4-5", anthropic_adapter, shape=anthropic_body),
+    Case("anthropic", "claude-sonnet-4-5", anthropic_adapter, shape=lambda flat: anthropic_body(flat, stream=True),
+         label="anthropic-stream"),
+    Case("openai", "gpt-4o-mini", openai_adapter, shape=messages_body),
+    Case("openai", "gpt-4o-mini", openai_adapter, shape=lambda flat: messages_body(flat, stream=True),
+         label="openai-stream"),
+    # Speech is in the history (recoverable); sound effects are not.
+    Case("elevenlabs", f"text-to-speech/{VOICE}", elevenlabs_adapter, shape=speech_body, label="elevenlabs-speech"),
+    Case("elevenlabs", "sound-generation", elevenlabs_adapter, shape=speech_body, label="elevenlabs-sound"),
 ]
+
+
+# A callback base nothing listens on (the discard port): deliveries there fail, harmlessly.
+DISCARD = "http://127.0.0.1:9"
+
+
+def kind_of(case: Case) -> ProviderKind:
+    """What the case's adapter says its model is (its facts; nothing is sent)."""
+    adapter = case.make(DISCARD, SUBMIT_TIMEOUT_S)
+    try:
+        return adapter.facts_for(case.model).kind
+    finally:
+        asyncio.run(adapter.aclose())
+
+
+# Split by the adapters' own facts, never by name: the async cases are
+# submitted and polled, the sync ones called.
+KINDS = {str(case): kind_of(case) for case in ALL_CASES}
+CASES = [case for case in ALL_CASES if KINDS[str(case)] is ProviderKind.ASYNC]
+SYNC_CASES = [case for case in ALL_CASES if KINDS[str(case)] is ProviderKind.SYNC]
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +214,6 @@ async def case(request, simulator):
 
 def new_job_id() -> str:
     return "job_" + secrets.token_hex(12)
-
-
-# A callback base nothing listens on (the discard port): deliveries there fail, harmlessly.
-DISCARD = "http://127.0.0.1:9"
 
 
 def submit_request(case: Case, callback_base: str | None = None, **controls) -> SubmitRequest:
@@ -388,3 +470,180 @@ async def test_connection_refused_is_transient(case, closed_port_url):
             await adapter.status(Task(task_id="t1", model=case.model))
     finally:
         await adapter.aclose()
+
+
+# ------------------------------------------------------------------ every case: its kind
+
+
+@pytest.mark.parametrize("each", ALL_CASES, ids=str)
+async def test_the_adapters_kind_is_the_registrys(each):
+    """Where a job goes (submitted, or called) is decided from the registry
+    before any adapter is asked; the adapter's facts say the same."""
+    adapter = each.make(DISCARD, SUBMIT_TIMEOUT_S)
+    try:
+        assert adapter.facts_for(each.model).kind is provider_kind(each.name, each.model)
+    finally:
+        await adapter.aclose()
+
+
+# ------------------------------------------------------------------ sync cases: one call
+
+# Done at once; 3000 bytes where the answer is the simulator's bytes (speech, sound).
+QUICK = {"duration_s": 0, "output_bytes": 3000}
+# A dropped answer's call is given up after this (the simulator holds it 60 s).
+LOST_CALL_TIMEOUT_S = 1.0
+
+
+@pytest.fixture(params=SYNC_CASES, ids=str)
+async def sync_case(request, simulator, tmp_path):
+    clear_faults(simulator)
+    case: Case = request.param
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    adapter = case.make(simulator, SUBMIT_TIMEOUT_S, str(spool))
+    yield case, adapter, simulator, spool
+    await adapter.aclose()
+    clear_faults(simulator)
+
+
+def call_request(case: Case, *, timeout_s: float = 10.0, **controls) -> SubmitRequest:
+    """A sync job's call: the job id in the prompt (each test's call is its
+    own body at the simulator, and its own speech in the history), started now."""
+    job_id = new_job_id()
+    return SubmitRequest(job_id=job_id, model=case.model,
+                         input=case.shape({"prompt": f"a cat for {job_id}", **case.input, **controls}),
+                         callback_url=None, first_attempt_at=datetime.now(UTC), call_timeout_s=timeout_s)
+
+
+def sync_calls(sim_url: str) -> dict[str, int]:
+    """The calls that did their work, counted by body."""
+    return stats(sim_url)["sync_calls_by_body"]
+
+
+def new_calls(before: dict[str, int], after: dict[str, int]) -> list[int]:
+    """How often each body not counted before (or counted more since) was called."""
+    return sorted(count - before.get(body, 0) for body, count in after.items() if count != before.get(body, 0))
+
+
+def spooled(spool: Path) -> list[str]:
+    return sorted(os.listdir(spool))
+
+
+def the_file(observation: Observation, spool: Path) -> tuple[OutputFile, bytes]:
+    """A success's one output, a file in the spool directory that is what
+    the Observation says it is; and its bytes."""
+    assert observation.state is TaskState.SUCCEEDED and observation.error is None
+    assert observation.output_urls == () and observation.values == ()
+    (file,) = observation.files
+    assert Path(file.path).parent == spool
+    data = Path(file.path).read_bytes()
+    assert file.bytes == len(data) > 0 and file.sha256 == hashlib.sha256(data).hexdigest()
+    assert file.content_type
+    return file, data
+
+
+async def test_a_call_succeeds_with_one_file_and_its_usage(sync_case):
+    case, adapter, sim_url, spool = sync_case
+    before = sync_calls(sim_url)
+    result = await adapter.call(call_request(case, **QUICK))
+    file, _ = the_file(result, spool)
+    assert spooled(spool) == [os.path.basename(file.path)]
+    assert result.usage and all(usage.amount > 0 for usage in result.usage)
+    assert result.request_id  # every simulated answer names its request
+    assert new_calls(before, sync_calls(sim_url)) == [1]
+
+
+async def test_a_throttled_call_is_transient_after_its_retry_after(sync_case):
+    case, adapter, sim_url, spool = sync_case
+    set_faults(sim_url, throttle=1)
+    before = sync_calls(sim_url)
+    with pytest.raises(Transient) as caught:
+        await adapter.call(call_request(case, **QUICK))
+    assert caught.value.retry_after == 1
+    assert sync_calls(sim_url) == before  # the 429 came instead of the work: nothing was made
+    assert spooled(spool) == []
+
+
+async def test_a_500_is_uncertain(sync_case):
+    case, adapter, sim_url, spool = sync_case
+    set_faults(sim_url, submit_error=1)
+    with pytest.raises(Uncertain):
+        await adapter.call(call_request(case, **QUICK))
+    assert spooled(spool) == []
+
+
+async def test_a_refused_call_is_rejected(sync_case):
+    case, adapter, sim_url, spool = sync_case
+    with pytest.raises(Rejected):
+        await adapter.call(call_request(case, outcome="failed", **QUICK))  # the simulators' definite 400
+    assert spooled(spool) == []
+
+
+async def test_a_dropped_answer_is_uncertain_one_call_and_recovered_only_where_it_can_be(sync_case):
+    case, adapter, sim_url, spool = sync_case
+    set_faults(sim_url, submit_timeout_after_create=1)
+    request = call_request(case, timeout_s=LOST_CALL_TIMEOUT_S, **QUICK)
+    before = sync_calls(sim_url)
+    started = time.monotonic()
+    with pytest.raises(Uncertain):
+        await adapter.call(request)
+    # Given up after the call's own timeout, not after the simulator's 60 s hold.
+    assert time.monotonic() - started < LOST_CALL_TIMEOUT_S + 10
+    clear_faults(sim_url)
+    assert spooled(spool) == []
+    assert new_calls(before, sync_calls(sim_url)) == [1]  # made once, and not again by the adapter
+
+    found = await adapter.recover(request)
+    if adapter.facts_for(case.model).can_recover:
+        assert found is not None
+        file, _ = the_file(found, spool)
+        # The simulator's bytes for the request that made them: the lost answer's.
+        assert found.request_id and file.sha256 == output_sha256(found.request_id, 0, QUICK["output_bytes"])
+        assert found.usage and all(usage.amount > 0 for usage in found.usage)
+    else:
+        assert found is None and spooled(spool) == []
+    assert new_calls(before, sync_calls(sim_url)) == [1]  # looking it up made no call
+
+
+async def test_an_answered_call_recovers_as_it_answered_where_it_can_be(sync_case):
+    case, adapter, sim_url, spool = sync_case
+    request = call_request(case, **QUICK)
+    answered = await adapter.call(request)
+    answer, data = the_file(answered, spool)
+    found = await adapter.recover(request)
+    if adapter.facts_for(case.model).can_recover:
+        assert found is not None
+        file, recovered = the_file(found, spool)
+        assert file.path != answer.path and recovered == data and file.sha256 == answer.sha256
+        assert file.content_type == answer.content_type
+        assert found.usage == answered.usage and found.request_id == answered.request_id
+    else:
+        assert found is None and spooled(spool) == [os.path.basename(answer.path)]
+
+
+async def test_a_sync_model_has_no_task_no_webhook_and_no_cancel(sync_case):
+    case, adapter, sim_url, _ = sync_case
+    facts = adapter.facts_for(case.model)
+    assert facts.kind is ProviderKind.SYNC
+    assert facts.webhook_scheme == "none" and not facts.can_cancel
+    assert not facts.can_find and not facts.idempotent_submit
+    assert facts.stale_after_s >= facts.call_timeout_s  # the lost-call threshold is never before the timeout
+    hook = WebhookRequest(job_id=new_job_id(), headers={"webhook-signature": "v1,c2lnbmF0dXJl"}, query={},
+                          raw_body=b'{"status":"succeeded"}', job_secret="some-secret")
+    assert not await adapter.verify(hook)
+    before = sync_calls(sim_url)
+    request = call_request(case, **QUICK)
+    with pytest.raises(Rejected):
+        await adapter.submit(request, request.job_id)  # called, never submitted
+    assert sync_calls(sim_url) == before
+
+
+async def test_a_sync_call_that_cannot_connect_is_transient(sync_case, closed_port_url):
+    case, _, _, spool = sync_case
+    adapter = case.make(closed_port_url, SUBMIT_TIMEOUT_S, str(spool))
+    try:
+        with pytest.raises(Transient):
+            await adapter.call(call_request(case, **QUICK))
+    finally:
+        await adapter.aclose()
+    assert spooled(spool) == []

@@ -13,25 +13,43 @@ Each case is one adapter and one wire protocol: the KIE adapter speaks its
 Market API (`kie`) and each of its families (`kie-veo`, `kie-runway`,
 `kie-flux`, `kie-suno`), each with its own status endpoint and answer. The
 credential goes out in the header its adapter sends it in: `Authorization`
-(Replicate, fal, KIE, the Gateway's `Bearer`), `x-goog-api-key` (Gemini),
-`xi-api-key` (ElevenLabs).
+(Replicate, fal, KIE, the Gateway's `Bearer`, OpenAI's `Bearer`),
+`x-goog-api-key` (Gemini), `x-api-key` (Anthropic), `xi-api-key`
+(ElevenLabs: dubbing, the sync speech and sound routes, and the speech
+history `recover` reads).
+
+The sync adapters (`anthropic`, `openai`, `elevenlabs-speech`,
+`elevenlabs-sound`) make one call, which is never an Observation with an
+error: its refusal (4xx), 429, 5xx, a 200 that is an error object, and for
+the LLMs an `error` event inside a stream (each shape a protocol has for
+one) echo the header into an exception's message; ElevenLabs' speech
+`recover` reads the history and an item's audio, whose failures echo it too.
+A success's fields (its request id included) must not hold the key either.
+Their key holds a backslash, so its JSON-escaped form is not its raw one: a
+reason that reaches a message as JSON text (an error object quoted whole)
+carries that form, and it is masked too.
 
 Where a provider documents a reason as a string (the Gateway's `error`,
-Gemini's `error.message`, ElevenLabs' `error`, KIE's families'
-`errorMessage` / `failMsg`), the object and list shapes arrive as their JSON
-text, which is how a string field carries them.
+Gemini's `error.message`, ElevenLabs' `error` and `detail.message`,
+Anthropic's and OpenAI's `error.message`, KIE's families' `errorMessage` /
+`failMsg`), the object and list shapes arrive as their JSON text, which is
+how a string field carries them.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import pytest
 from starlette.responses import JSONResponse, Response
 
+from app.providers.anthropic import AnthropicProvider
 from app.providers.base import (
     Observation,
     Provider,
@@ -41,6 +59,7 @@ from app.providers.base import (
     Task,
     TaskState,
     Transient,
+    Uncertain,
     WebhookRequest,
 )
 from app.providers.elevenlabs import ElevenLabsProvider
@@ -48,6 +67,7 @@ from app.providers.fal import FalProvider
 from app.providers.gateway import GatewayProvider
 from app.providers.gemini import GeminiProvider
 from app.providers.kie import KieProvider
+from app.providers.openai import OpenAIProvider
 from app.providers.replicate import ReplicateProvider
 from app.providers.sim import SimProvider
 from app.signing.webhooks import sign_standard_webhooks
@@ -57,6 +77,8 @@ from .scripted import Script, Seen
 # `+`, `/` and `=` make the URL-encoded form differ from the token itself.
 CORE = "EchoCore7d1f9a2b"  # in every form of the token: none may appear
 TOKEN = f"r8_{CORE}+tok/en=="
+# The sync adapters' key: its backslash is `\\` in JSON, so its JSON-escaped form differs.
+SYNC_TOKEN = f"sk-{CORE}+tok\\en/=="
 WEBHOOK_SECRET = f"whsec_{CORE}V2ViaG9va1NlY3JldA=="
 CAPABILITY = f"cap{CORE}"
 SERVER_KEY = b"masking-server-key-0123456789abcdef"
@@ -70,8 +92,16 @@ MODELS = {
 }
 PROVIDERS = tuple(MODELS)  # the cases: an adapter and one of its wire protocols
 KIE_CASES = tuple(case for case in PROVIDERS if case.partition("-")[0] == "kie")
-SENDS_TOKEN = {case: case != "sim" for case in PROVIDERS}  # the simulator's native protocol has no credential
-KEY_HEADERS = {"gemini": "x-goog-api-key", "elevenlabs": "xi-api-key"}  # else Authorization
+VOICE = "21m00Tcm4TlvDq8ikWAM"
+# The sync cases: an adapter and one of its sync models (called, never submitted).
+SYNC_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o-mini",
+               "elevenlabs-speech": f"text-to-speech/{VOICE}", "elevenlabs-sound": "sound-generation"}
+SYNC_CASES = tuple(SYNC_MODELS)
+LLM_CASES = ("anthropic", "openai")  # the ones that stream
+# The simulator's native protocol has no credential.
+SENDS_TOKEN = {case: case != "sim" for case in PROVIDERS + SYNC_CASES}
+# Else Authorization.
+KEY_HEADERS = {"gemini": "x-goog-api-key", "elevenlabs": "xi-api-key", "anthropic": "x-api-key"}
 # Polled providers register no webhook: no callback URL (so no capability token) is ever sent.
 NO_CALLBACK = {"gemini", "elevenlabs"}
 # A submit input each adapter accepts (so the refusal comes from the provider, not from us).
@@ -92,8 +122,14 @@ def key_header(case: str) -> str:
     return KEY_HEADERS.get(provider_of(case), "authorization")
 
 
-def make_adapter(case: str, base_url: str) -> Provider:
+def make_adapter(case: str, base_url: str, spool_dir: str | None = None) -> Provider:
     name = provider_of(case)
+    if case in SYNC_CASES:  # each writes its answers into `spool_dir`
+        if name == "anthropic":
+            return AnthropicProvider(base_url, SYNC_TOKEN, timeout_s=2, spool_dir=spool_dir)
+        if name == "openai":
+            return OpenAIProvider(base_url, SYNC_TOKEN, timeout_s=2, spool_dir=spool_dir)
+        return ElevenLabsProvider(base_url, SYNC_TOKEN, timeout_s=2, spool_dir=spool_dir)
     if name == "sim":
         return SimProvider(base_url, timeout_s=2)  # holds no credential
     if name == "replicate":
@@ -197,11 +233,15 @@ def error_body(case: str, text: str) -> dict[str, Any]:
     if name == "elevenlabs":  # the current `detail` object
         return {"detail": {"message": text, "type": "authentication_error", "code": "invalid_api_key",
                            "status": "invalid_api_key", "request_id": "req_1"}}
+    if name == "anthropic":  # the errors page's shape
+        return {"type": "error", "error": {"type": "authentication_error", "message": text}, "request_id": "req_1"}
+    if name == "openai":  # openapi.yaml's ErrorResponse
+        return {"error": {"message": text, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
     return {"detail": text}
 
 
-def assert_masked(text: str) -> None:
-    for form in (TOKEN, quote(TOKEN, safe=""), CORE, WEBHOOK_SECRET, CAPABILITY):
+def assert_masked(text: str, token: str = TOKEN) -> None:
+    for form in (token, quote(token, safe=""), json.dumps(token)[1:-1], CORE, WEBHOOK_SECRET, CAPABILITY):
         assert form not in text, text
 
 
@@ -209,10 +249,11 @@ def assert_nothing_leaked(case: str, script: Script, text: str, *, quoted: bool 
     """The token went out in the adapter's credential header (so the echo
     had something to repeat) and came back masked; an adapter without a
     token sent none. `quoted`: the message repeats the provider's text."""
-    assert_masked(text)
+    token = SYNC_TOKEN if case in SYNC_CASES else TOKEN
+    assert_masked(text, token)
     sent = [s.headers.get(key_header(case)) for s in script.seen]
     if SENDS_TOKEN[case]:
-        assert sent and all(a is not None and TOKEN in a for a in sent), sent
+        assert sent and all(a is not None and token in a for a in sent), sent
         if quoted:
             assert "[redacted]" in text, text  # the echo was there, and was masked (not cut off)
     else:
@@ -462,3 +503,255 @@ def _standard_webhook(secret: str) -> WebhookRequest:
     headers = {"webhook-id": "msg_1", "webhook-timestamp": str(t),
                "webhook-signature": sign_standard_webhooks(secret, "msg_1", t, body)}
     return WebhookRequest(job_id=JOB, headers=headers, query={}, raw_body=body)
+
+
+# ------------------------------------------------------------------ sync calls
+
+# What each HTTP status of a sync call means (http.sync_call).
+CALL_OUTCOMES: dict[int, type[ProviderError]] = {
+    400: Rejected, 401: Rejected, 403: Rejected, 422: Rejected,
+    429: Transient, 503: Transient, 529: Transient,
+    500: Uncertain, 502: Uncertain,
+}
+
+
+def sync_input(case: str, *, stream: bool = False) -> dict[str, Any]:
+    """An input each sync adapter sends (so the refusal comes from the provider, not from us)."""
+    name = provider_of(case)
+    if name == "elevenlabs":
+        return {"text": "p"}
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "p"}]}
+    if name == "anthropic":
+        body["max_tokens"] = 16
+    return {**body, "stream": True} if stream else body
+
+
+def sync_request(case: str, *, stream: bool = False) -> SubmitRequest:
+    return SubmitRequest(job_id=JOB, model=SYNC_MODELS[case], input=sync_input(case, stream=stream),
+                         callback_url=None, first_attempt_at=datetime.now(UTC), call_timeout_s=2)
+
+
+@pytest.fixture(params=SYNC_CASES)
+async def sync_on_script(request, script, tmp_path):
+    """(case, its sync adapter on the scripted provider, the script, the spool directory)."""
+    adapter = make_adapter(request.param, script.url, str(tmp_path))
+    yield request.param, adapter, script, tmp_path
+    await adapter.aclose()
+
+
+@pytest.fixture
+async def sync_adapter_for(script, tmp_path):
+    """sync_adapter_for(case) -> a sync adapter on the scripted provider, spooling into tmp_path."""
+    made: list[Provider] = []
+
+    def make(case: str) -> Provider:
+        made.append(make_adapter(case, script.url, str(tmp_path)))
+        return made[-1]
+
+    yield make
+    for adapter in made:
+        await adapter.aclose()
+
+
+def spooled(spool: Path) -> list[str]:
+    return sorted(os.listdir(spool))
+
+
+def test_no_sync_adapter_repr_holds_its_key(sync_on_script):
+    case, adapter, _, _ = sync_on_script
+    assert_masked(repr(adapter), SYNC_TOKEN)
+
+
+@pytest.mark.parametrize("status", CALL_OUTCOMES)
+async def test_a_sync_call_refused_with_an_echo_of_every_header_is_masked(sync_on_script, status):
+    """The call's 4xx, 429 and 5xx, each in the provider's error shape,
+    repeating our credential header, the request line, the body we sent
+    and every other header."""
+    case, adapter, script, spool = sync_on_script
+    script.handler = lambda seen: JSONResponse(error_body(case, echo_everything(case, seen)), status_code=status,
+                                               headers={"retry-after": "1"})
+    with pytest.raises(CALL_OUTCOMES[status]) as caught:
+        await adapter.call(sync_request(case))
+    assert_nothing_leaked(case, script, str(caught.value) + repr(caught.value))
+    assert spooled(spool) == []
+
+
+# A reason that is an object or list whose message holds the key
+# JSON-escaped once is escaped once more when written out: Secrets masks each
+# string inside before it is written (app/providers/http.py `_scrubbed`).
+REASON_SHAPES = SHAPES
+
+
+@pytest.mark.parametrize("shape", REASON_SHAPES)
+async def test_a_sync_call_refused_with_an_echoing_reason_is_masked(sync_on_script, shape):
+    """The echo wrapped in each shape a reason takes, in the error's message."""
+    case, adapter, script, spool = sync_on_script
+    script.handler = lambda seen: JSONResponse(error_body(case, as_text(SHAPES[shape](echoed(case, seen)))),
+                                               status_code=400)
+    with pytest.raises(Rejected) as caught:
+        await adapter.call(sync_request(case))
+    assert_nothing_leaked(case, script, str(caught.value) + repr(caught.value))
+    assert spooled(spool) == []
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_a_200_that_is_an_error_object_echoing_the_key_is_masked(sync_on_script, shape):
+    """The LLMs read a 200 that is not their answer as a lost call, quoting
+    the provider's words; ElevenLabs' answer is the audio, whatever its
+    bytes, so the object comes back as its file: either way, no message and
+    no Observation field holds the key."""
+    case, adapter, script, spool = sync_on_script
+    script.handler = lambda seen: JSONResponse(error_body(case, as_text(SHAPES[shape](echoed(case, seen)))))
+    try:
+        observation = await adapter.call(sync_request(case))
+    except ProviderError as exc:
+        assert case in LLM_CASES and isinstance(exc, Uncertain), repr(exc)
+        assert_nothing_leaked(case, script, str(exc) + repr(exc))
+        assert spooled(spool) == []
+    else:
+        assert case not in LLM_CASES
+        assert_nothing_leaked(case, script, repr(observation), quoted=False)
+
+
+def sse(*events: tuple[str | None, Any]) -> bytes:
+    """Server-sent events: (name or None, data as JSON)."""
+    out = b""
+    for name, data in events:
+        if name:
+            out += f"event: {name}\n".encode()
+        out += b"data: " + json.dumps(data).encode() + b"\n\n"
+    return out
+
+
+MESSAGE_START = {"type": "message_start", "message": {
+    "id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": SYNC_MODELS["anthropic"],
+    "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}}
+FIRST_CHUNK = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": SYNC_MODELS["openai"],
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+# An error inside a stream that began with HTTP 200, in the shapes each protocol has for it.
+STREAM_ERRORS: dict[str, Callable[[str], bytes]] = {
+    # The streaming page's `error` event, after message_start and a ping.
+    "anthropic-error-event": lambda text: sse(("message_start", MESSAGE_START), ("ping", {"type": "ping"}),
+                                              ("error", {"type": "error",
+                                                         "error": {"type": "overloaded_error", "message": text}})),
+    # OpenAI's and OpenRouter's chunk carrying `error`.
+    "openai-error-chunk": lambda text: sse((None, FIRST_CHUNK), (None, {"error": {
+        "message": text, "type": "server_error", "param": None, "code": None}})),
+    # vLLM's error object as a chunk.
+    "openai-error-object": lambda text: sse((None, FIRST_CHUNK), (None, {
+        "object": "error", "message": text, "type": "BadRequestError", "param": None, "code": 400})),
+    # An SSE event named `error`.
+    "openai-error-event": lambda text: sse((None, FIRST_CHUNK), ("error", {"error": {"message": text}})),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("form", STREAM_ERRORS)
+async def test_an_error_event_in_a_stream_that_echoes_the_key_is_masked(sync_adapter_for, script, tmp_path, form,
+                                                                       shape):
+    case = form.partition("-")[0]
+    adapter = sync_adapter_for(case)
+    script.handler = lambda seen: Response(STREAM_ERRORS[form](as_text(SHAPES[shape](echoed(case, seen)))),
+                                           media_type="text/event-stream")
+    with pytest.raises(Uncertain) as caught:
+        await adapter.call(sync_request(case, stream=True))
+    assert_nothing_leaked(case, script, str(caught.value) + repr(caught.value))
+    assert spooled(tmp_path) == []
+
+
+# ElevenLabs' speech history, read by `recover` to find a lost speech call.
+SPEECH = "elevenlabs-speech"
+
+
+def history_page(text: str = "p") -> dict[str, Any]:
+    """A GetSpeechHistoryResponse whose one item is the lost call's."""
+    return {"history": [{"history_item_id": "item-1", "request_id": "req_1", "voice_id": VOICE,
+                         "model_id": "eleven_multilingual_v2", "text": text, "date_unix": int(time.time()),
+                         "source": "TTS", "content_type": "audio/mpeg", "state": "created"}],
+            "has_more": False, "last_history_item_id": "item-1"}
+
+
+@pytest.mark.parametrize("status", [401, 404, 429, 500, 503])
+@pytest.mark.parametrize("route", ["history", "audio"])
+async def test_elevenlabs_recover_that_echoes_is_masked(sync_adapter_for, script, tmp_path, route, status):
+    """The history list, or the found item's audio, refused with the echo."""
+    adapter = sync_adapter_for(SPEECH)
+
+    def handler(seen: Seen) -> Response:
+        if route == "audio" and seen.path == "/v1/history":
+            return JSONResponse(history_page())
+        return JSONResponse(error_body(SPEECH, echo_everything(SPEECH, seen)), status_code=status)
+
+    script.handler = handler
+    with pytest.raises(Transient) as caught:
+        await adapter.recover(sync_request(SPEECH))
+    assert [seen.path for seen in script.seen][-1] == ("/v1/history" if route == "history"
+                                                       else "/v1/history/item-1/audio")
+    assert_nothing_leaked(SPEECH, script, str(caught.value) + repr(caught.value))
+    assert spooled(tmp_path) == []
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_elevenlabs_history_that_is_an_error_object_echoing_the_key_is_masked(sync_adapter_for, script,
+                                                                                   shape):
+    """A 200 history answer that is an error object, not a page: a read to
+    repeat, quoting nothing of it."""
+    adapter = sync_adapter_for(SPEECH)
+    script.handler = lambda seen: JSONResponse(error_body(SPEECH, as_text(SHAPES[shape](echoed(SPEECH, seen)))))
+    with pytest.raises(Transient) as caught:
+        await adapter.recover(sync_request(SPEECH))
+    assert_nothing_leaked(SPEECH, script, str(caught.value) + repr(caught.value), quoted=False)
+
+
+def bare_key(case: str, seen: Seen) -> str:
+    """The key itself, from the header it came in (OpenAI's without `Bearer`)."""
+    return echoed(case, seen).removeprefix("Bearer ")
+
+
+def success(case: str) -> tuple[bytes, str]:
+    """A plain answer each sync adapter takes: (body, media type)."""
+    name = provider_of(case)
+    if name == "anthropic":
+        return json.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": SYNC_MODELS[case],
+                           "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+                           "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}).encode(), \
+            "application/json"
+    if name == "openai":
+        return json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": SYNC_MODELS[case],
+                           "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                        "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode(), \
+            "application/json"
+    return b"ID3audio", "audio/mpeg"
+
+
+# Observation.request_id is kept on the job for support ("never a secret"):
+# an id that holds the key in any form is not kept (Secrets.clean_id).
+
+
+async def test_a_request_id_that_echoes_the_key_is_not_kept(sync_on_script):
+    """A success whose request id header is the key we sent."""
+    case, adapter, script, _ = sync_on_script
+    header = "x-request-id" if provider_of(case) == "openai" else "request-id"
+    body, media_type = success(case)
+    script.handler = lambda seen: Response(body, media_type=media_type, headers={header: bare_key(case, seen)})
+    observation = await adapter.call(sync_request(case))
+    assert observation.state is TaskState.SUCCEEDED
+    assert_nothing_leaked(case, script, repr(observation), quoted=False)
+
+
+async def test_a_history_item_whose_request_id_echoes_the_key_is_not_kept(sync_adapter_for, script):
+    """The lost call's history item names the key as its request id."""
+    adapter = sync_adapter_for(SPEECH)
+
+    def handler(seen: Seen) -> Response:
+        if seen.path == "/v1/history":
+            page = history_page()
+            page["history"][0]["request_id"] = bare_key(SPEECH, seen)
+            return JSONResponse(page)
+        return Response(b"ID3audio", media_type="audio/mpeg")
+
+    script.handler = handler
+    observation = await adapter.recover(sync_request(SPEECH))
+    assert observation is not None and observation.state is TaskState.SUCCEEDED
+    assert_nothing_leaked(SPEECH, script, repr(observation), quoted=False)
