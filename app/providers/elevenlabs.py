@@ -119,6 +119,7 @@ from app.providers.base import (
     claimed_id,
 )
 from app.providers.http import (
+    MAX_ERROR_BODY,
     Clients,
     Secrets,
     ended,
@@ -393,6 +394,27 @@ def characters_used(character_cost: str | None, text: str) -> float:
     return float(len(text))
 
 
+def is_audio(content_type: str | None) -> bool:
+    """Whether a sync answer is the audio (pure): `audio/*` (the documented
+    `audio/mpeg`, or WAV, Opus... by output format) or a bare byte stream."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    return kind.startswith("audio/") or kind in ("", "application/octet-stream")
+
+
+async def _read_small(response: httpx.Response) -> httpx.Response:
+    """At most MAX_ERROR_BODY bytes of a response, as a response to read its reason from."""
+    body = bytearray()
+    try:
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) >= MAX_ERROR_BODY:
+                break
+    except httpx.HTTPError:
+        pass
+    return httpx.Response(response.status_code, headers={"content-type": response.headers.get("content-type", "")},
+                          content=bytes(body[:MAX_ERROR_BODY]))
+
+
 def answered(file: OutputFile, characters: float, request_id: Any, secrets: Secrets) -> Observation:
     """A sync call's answer as its Observation (pure): the audio is output 0;
     its request id kept only when it is an id that holds no secret."""
@@ -578,6 +600,12 @@ class ElevenLabsProvider(Provider):
             async with sync_call(self._http.submits, NAME, "POST", f"{self.base_url}{endpoint.path}",
                                  secrets=self._secrets, timeout_s=request.call_timeout_s, json=body, params=query,
                                  headers=self._headers()) as response:
+                if not is_audio(response.headers.get("content-type")):
+                    # Not audio (an error object on 200, a proxy's page): the
+                    # call was made and its answer is not one we can store.
+                    detail = self._secrets.detail(await _read_small(response))
+                    raise Uncertain(f"{NAME}: the call answered {response.headers.get('content-type')!r}, "
+                                    f"not audio" + (f": {detail}" if detail else ""))
                 file = await write_answer(response, NAME, directory=self._spool_dir,
                                           max_bytes=self._max_output_bytes,
                                           content_type=response.headers.get("content-type"))

@@ -724,3 +724,13 @@ async def test_history_audio_that_is_gone_or_empty_is_transient(scripted, spool)
             await provider.recover(speech(started=started))
         assert type(caught.value) is Transient
         assert spooled(spool) == []
+
+
+@pytest.mark.parametrize(("content_type", "audio"), [
+    ("audio/mpeg", True), ("audio/wav", True), ("Audio/Ogg; codecs=opus", True), (None, True),
+    ("application/octet-stream", True), ("application/json", False), ("text/html; charset=utf-8", False),
+])
+def test_only_audio_is_taken_as_the_answer(content_type, audio):
+    from app.providers.elevenlabs import is_audio
+
+    assert is_audio(content_type) is audio

@@ -596,21 +596,15 @@ async def test_a_sync_call_refused_with_an_echoing_reason_is_masked(sync_on_scri
 
 @pytest.mark.parametrize("shape", SHAPES)
 async def test_a_200_that_is_an_error_object_echoing_the_key_is_masked(sync_on_script, shape):
-    """The LLMs read a 200 that is not their answer as a lost call, quoting
-    the provider's words; ElevenLabs' answer is the audio, whatever its
-    bytes, so the object comes back as its file: either way, no message and
-    no Observation field holds the key."""
+    """A 200 that is not the answer (an error object where a Message or
+    audio belongs) is a lost call, quoting the provider's words: no message
+    holds the key, and no file is left."""
     case, adapter, script, spool = sync_on_script
     script.handler = lambda seen: JSONResponse(error_body(case, as_text(SHAPES[shape](echoed(case, seen)))))
-    try:
-        observation = await adapter.call(sync_request(case))
-    except ProviderError as exc:
-        assert case in LLM_CASES and isinstance(exc, Uncertain), repr(exc)
-        assert_nothing_leaked(case, script, str(exc) + repr(exc))
-        assert spooled(spool) == []
-    else:
-        assert case not in LLM_CASES
-        assert_nothing_leaked(case, script, repr(observation), quoted=False)
+    with pytest.raises(Uncertain) as caught:
+        await adapter.call(sync_request(case))
+    assert_nothing_leaked(case, script, str(caught.value) + repr(caught.value))
+    assert spooled(spool) == []
 
 
 def sse(*events: tuple[str | None, Any]) -> bytes:
