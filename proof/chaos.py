@@ -15,6 +15,17 @@ PostgreSQL is restarted once. When every job has closed (or is `uncertain`)
 it checks every invariant (proof/invariants.py), prints a table, and
 exits 1 on any violation.
 
+The models file priced and capped as a real catalogue would be (issue #14):
+Veo through KIE and ElevenLabs' sound effects per second of the media
+stored (their jobs ask for real WAVs and MP4s, `output_duration_s`), fal's
+Flux per image, Claude and the OpenAI model per 1k tokens, ElevenLabs
+speech per 1k characters, the simulator's own model at the cost it reports;
+MAX_IN_FLIGHT_FAL and two entries' `max_in_flight` (the simulator's model,
+ElevenLabs speech) sized to bind while the creates go in (`run_caps`). The
+checks hold every charge to its price on what was measured, and every cap
+to the simulator's own peak and to samples of the database taken during the
+run.
+
 The client side survives the kills the way a careful client would: every
 create carries an Idempotency-Key and is retried with the same key and body
 until it gets an answer (402/429 are answers); what it was told is checked
@@ -39,12 +50,15 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from app.embedded import EmbeddedPostgres, free_port
+from app.models_file import NO_MODELS, ModelsFile
+from app.models_file import parse as parse_models
 from app.providers import provider_kind
 from app.vocabulary import JobStatus, ProviderKind
 from proof import invariants
@@ -79,15 +93,40 @@ MODELS = {
     "openai": ("gpt-4o-mini",),
 }
 # A provider's models weighted where they are not picked evenly.
-MODEL_WEIGHTS = {"elevenlabs": (4, 1, 1)}
+MODEL_WEIGHTS = {"elevenlabs": (3, 2, 1)}
 # Model names the adapter refuses before any call: the job fails submit_rejected.
 REJECTED_MODELS = {"replicate": "not a model", "fal": "../nope", "gateway": "no-creator"}
-# Sync calls (Anthropic, OpenAI, ElevenLabs' speech and sound) are about 16%
-# of the jobs: 2 + 2 + 3 * 2/6 of 31.
+# Sync calls (Anthropic, OpenAI, ElevenLabs' speech and sound) are about 18%
+# of the jobs: 2 + 2 + 3 * 3/6 of 31.
 PROVIDER_WEIGHTS = {"sim": 8, "replicate": 4, "fal": 4, "kie": 4, "gateway": 2, "gemini": 2, "elevenlabs": 3,
                     "anthropic": 2, "openai": 2}
 LLM_PROVIDERS = ("anthropic", "openai")
 LLM_MAX_TOKENS = 64
+# The models file's prices, first match first (CONTRACT.md: The models
+# file): (provider, model glob) -> (credits, per). Each sync model's entry
+# also times its calls (`models_file`); the rest of the mix has no price
+# (charged what the provider reports, or the reservation).
+PRICES: dict[tuple[str, str], tuple[str, str]] = {
+    ("anthropic", "claude-*"): ("2", "1k_tokens"),
+    ("openai", "gpt-*"): ("1.5", "1k_tokens"),
+    ("elevenlabs", "text-to-speech/*"): ("20", "1k_characters"),
+    ("elevenlabs", "sound-generation"): ("2", "second"),
+    ("sim", "image-*"): ("1", "provider"),
+    ("fal", "fal-ai/flux/*"): ("3", "output"),
+    ("kie", "veo/*"): ("1.5", "second"),
+}
+# The caps (issue #14): MAX_IN_FLIGHT_<PROVIDER> of these providers, and
+# `max_in_flight` on these entries; `run_caps` sizes them to the run.
+CAPPED_PROVIDERS = ("fal",)
+CAPPED_ENTRIES = (("sim", "image-*"), ("elevenlabs", "text-to-speech/*"))
+# Of a per-second model's jobs, the share that asks for real media (the
+# rest store bytes no reader knows: charged the reservation, the measure
+# unreadable), and how long each output plays.
+MEDIA_SHARE = {"veo/veo3_fast": 0.85, "sound-generation": 1.0}
+MEDIA_SECONDS = (0.5, 3.0)
+# Speech text: the job's prompt, then up to this many more words, so the
+# characters a call is charged vary.
+SPEECH_EXTRA_WORDS = 120
 
 
 @dataclass
@@ -131,6 +170,15 @@ class ChaosConfig:
     give_up_after_s: float = 3600.0
     drain_timeout_s: float = 420.0
     progress_every_s: float = 10.0
+    # The caps (`run_caps`): each lets its jobs through in about cap_drain_s
+    # (None: 30% of the drain timeout) if each holds its place about
+    # cap_hold_s (submit to close, as chaos runs measured it uncapped: a task,
+    # a delayed or lost webhook, a download); far fewer places than the
+    # creates ask for at once, so they bind. caps=False: no caps at all.
+    caps: bool = True
+    cap_hold_s: float = 8.0
+    cap_drain_s: float | None = None
+    cap_sample_every_s: float = 0.25  # the database is sampled this often for the caps check
     seed: int | None = None  # reproduces the job plan (not the timing of kills and faults)
     keep_dir: bool = False  # keep the temp directory (it is always kept on a violation)
 
@@ -192,6 +240,11 @@ def plan_jobs(config: ChaosConfig, rng: random.Random) -> list[JobPlan]:
                 input_["input_tokens"] = rng.randint(1, 4000)
                 input_["output_tokens"] = rng.randint(1, LLM_MAX_TOKENS)
             stream = rng.random() < 0.5
+        if rng.random() < MEDIA_SHARE.get(model, 0.0):  # a real WAV/MP4: its seconds are measured
+            input_["output_duration_s"] = round(rng.uniform(*MEDIA_SECONDS), 1)
+        if model == SPEECH_MODEL:  # charged per character: texts of many lengths
+            words = rng.randint(0, SPEECH_EXTRA_WORDS)
+            input_["prompt"] = f"chaos job {i}" + "".join(f" word{w}" for w in range(words))
         input_ = shaped_input(provider, model, input_, stream=stream)
         owner = config.owners if rng.random() < config.tight_share else rng.randrange(config.owners)
         cancel = rng.uniform(0.0, 4.0) if rng.random() < config.cancel_share else None
@@ -204,7 +257,7 @@ def plan_jobs(config: ChaosConfig, rng: random.Random) -> list[JobPlan]:
 # validates and ignores, so they are left out): an LLM's in `metadata`, the
 # speech and sound routes' in the JSON body.
 LLM_CONTROLS = ("duration_s", "outcome", "output_text", "input_tokens", "output_tokens")
-AUDIO_CONTROLS = ("duration_s", "output_bytes", "outcome")
+AUDIO_CONTROLS = ("duration_s", "output_bytes", "outcome", "output_duration_s")
 
 
 def shaped_input(provider: str, model: str, controls: dict, *, stream: bool = False) -> dict:
@@ -239,18 +292,52 @@ def shaped_input(provider: str, model: str, controls: dict, *, stream: bool = Fa
     return controls
 
 
+def expected_jobs(config: ChaosConfig, provider: str, glob: str = "*") -> float:
+    """How many of a run's jobs the plan makes of `provider`'s models
+    matching `glob`, on average (pure)."""
+    models = MODELS[provider]
+    weights = MODEL_WEIGHTS.get(provider, (1,) * len(models))
+    share = sum(w for m, w in zip(models, weights, strict=True) if fnmatchcase(m, glob)) / sum(weights)
+    return config.jobs * PROVIDER_WEIGHTS[provider] / sum(PROVIDER_WEIGHTS.values()) * share
+
+
+def run_caps(config: ChaosConfig) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    """The run's MAX_IN_FLIGHT_<PROVIDER> (CAPPED_PROVIDERS) and entries'
+    `max_in_flight` (CAPPED_ENTRIES), each sized so that its jobs pass in
+    about `cap_drain_s` if each holds its place `cap_hold_s` (fal's overdue
+    jobs hold theirs until their give-up deadline): a few places where the
+    creates ask for dozens at once, so every cap binds and the run still
+    drains (pure)."""
+    if not config.caps:
+        return {}, {}
+    drain_s = config.cap_drain_s if config.cap_drain_s is not None else 0.3 * config.drain_timeout_s
+
+    def cap(provider: str, glob: str = "*") -> int:
+        hold_s = config.cap_hold_s
+        if provider == "fal" and config.give_up_after_s_fal:
+            hold_s += config.overdue_share * config.give_up_after_s_fal
+        return max(1, math.ceil(expected_jobs(config, provider, glob) * hold_s / drain_s))
+
+    return ({p: cap(p) for p in CAPPED_PROVIDERS},
+            {(p, glob): cap(p, glob) for p, glob in CAPPED_ENTRIES})
+
+
 def models_file(config: ChaosConfig) -> str:
-    """The models file of a run (TOML): each sync model's call times out a
-    little after the longest job's work is done, and a call lost with its
-    worker is given up (`call_lost`) soon after, well within the drain."""
+    """The models file of a run (TOML): PRICES, the entry caps of
+    `run_caps`, and each sync model's call times out a little after the
+    longest job's work is done, and a call lost with its worker is given up
+    (`call_lost`) soon after, well within the drain."""
     timeout_s = math.ceil(config.long_duration_s[1]) + 10
     stale_after_s = timeout_s + 15
+    _, entry_caps = run_caps(config)
     lines = []
-    for provider, models in MODELS.items():
-        for model in models:
-            if provider_kind(provider, model) is ProviderKind.SYNC:
-                lines += ["[[models]]", f"provider = {json.dumps(provider)}", f"model = {json.dumps(model)}",
-                          f"timeout_s = {timeout_s}", f"stale_after_s = {stale_after_s}", ""]
+    for (provider, glob), (credits, per) in PRICES.items():
+        lines += ["[[models]]", f"provider = {json.dumps(provider)}", f"model = {json.dumps(glob)}"]
+        if provider_kind(provider, glob) is ProviderKind.SYNC:
+            lines += [f"timeout_s = {timeout_s}", f"stale_after_s = {stale_after_s}"]
+        if (provider, glob) in entry_caps:
+            lines.append(f"max_in_flight = {entry_caps[provider, glob]}")
+        lines += [f"price = {{ credits = {credits}, per = {json.dumps(per)} }}", ""]
     return "\n".join(lines)
 
 
@@ -517,6 +604,7 @@ class ChaosResult:
     statuses: Counter
     elapsed_s: float
     workdir: str
+    caps: list[invariants.CapTally] = field(default_factory=list)  # what the database samples saw of each cap
 
     @property
     def ok(self) -> bool:
@@ -552,6 +640,11 @@ class Chaos:
                         "OPENAI_API_KEY": "sk-" + secrets.token_urlsafe(24)}
         self.api_keys: dict[str, str] = {}
         self.sync_by_status: Counter = Counter()  # (provider model, status, error code) -> jobs
+        self.models: ModelsFile = NO_MODELS  # the models file the service runs with
+        self.caps: list[invariants.Cap] = []
+        self.cap_tallies: list[invariants.CapTally] = []
+        self.sim_stats: dict[str, Any] = {}
+        self.priced: list[dict[str, Any]] = []  # the succeeded jobs' charges by model and price (the report)
 
     def say(self, line: str) -> None:
         self.out(f"[{time.monotonic() - self.started:6.1f}s] {line}")
@@ -562,7 +655,7 @@ class Chaos:
         for name in ("S3_ENDPOINT_URL", "ADMIN_TOKEN", "REPLICATE_WEBHOOK_SECRET", "PORT"):
             env.pop(name, None)
         for name in list(env):
-            if name.startswith("GIVE_UP_AFTER_S"):
+            if name.startswith(("GIVE_UP_AFTER_S", "MAX_IN_FLIGHT_")):
                 del env[name]
         env.update({
             "PYTHONUNBUFFERED": "1",
@@ -591,6 +684,8 @@ class Chaos:
         })
         if self.config.give_up_after_s_fal:
             env["GIVE_UP_AFTER_S_FAL"] = str(self.config.give_up_after_s_fal)
+        provider_caps, _ = run_caps(self.config)
+        env.update({f"MAX_IN_FLIGHT_{p.upper()}": str(n) for p, n in provider_caps.items()})
         return env
 
     def _cli(self, env: dict[str, str], *args: str) -> str:
@@ -607,8 +702,12 @@ class Chaos:
         await asyncio.to_thread(self.pg.start)
         self.sim_url = f"http://127.0.0.1:{free_port()}"
         self.web_url = f"http://127.0.0.1:{free_port()}"
-        (self.workdir / "models.toml").write_text(models_file(self.config))
+        text = models_file(self.config)
+        (self.workdir / "models.toml").write_text(text)
+        self.models = parse_models(text)
         env = self._env()
+        self.caps = invariants.caps_of(self.models, env)
+        self.cap_tallies = [invariants.CapTally(cap) for cap in self.caps]
         (self.workdir / "objects").mkdir()
         await asyncio.to_thread(self._cli, env, "migrate")
         keys = []
@@ -639,7 +738,8 @@ class Chaos:
             s.start()
         await _wait_http(f"{self.web_url}/healthz", self.web)
         self.say(f"up: postgres {self.pg.port}, simulator {self.sim_url}, web {self.web_url}, "
-                 f"{len(self.settlers)} settlers; faults {self.config.faults}")
+                 f"{len(self.settlers)} settlers; faults {self.config.faults}; "
+                 f"caps {', '.join(c.name for c in self.caps) or 'none'}")
         return keys
 
     # -- the killer ----------------------------------------------------------------------------
@@ -713,6 +813,38 @@ class Chaos:
             if got:
                 self.say(self._line(*got))
 
+    async def sample_caps(self, stop: asyncio.Event) -> None:
+        """Every `cap_sample_every_s` until `stop`: the jobs each cap counts,
+        submitted and waiting, into its tally (the database check of the
+        caps). A sample the database cannot answer (it is restarting) is
+        skipped."""
+        from app import db
+
+        if not self.caps:
+            return
+        providers = sorted({c.provider for c in self.caps})
+        conn: Any = None
+        try:
+            while not stop.is_set():
+                try:
+                    if conn is None:
+                        conn = await asyncio.wait_for(db.connect(self.pg.url, role="chaos-caps"), 5)
+                    rows = await asyncio.wait_for(conn.fetch(invariants.CAP_SAMPLE, providers), 5)
+                    at = time.monotonic() - self.started
+                    for tally in self.cap_tallies:
+                        tally.add(self.models, rows, at)
+                except Exception:  # the database restarting, or away: reconnect
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await conn.close()
+                    conn = None
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.config.cap_sample_every_s)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
     async def drain(self) -> bool:
         """Wait (bounded) until no job is settling and no intent is left on a
         closed job. True when it got there."""
@@ -768,9 +900,11 @@ class Chaos:
         conn = await db.connect(self.pg.url, role="chaos-check")
         try:
             checks = await invariants.system_checks(conn, sim_stats=sim_stats, storage=storage,
-                                                    tasks_by_job=dubs_by_name)
+                                                    tasks_by_job=dubs_by_name, models=self.models,
+                                                    caps=self.caps)
             record = self.load.record
             checks += [
+                invariants.caps_in_database(self.cap_tallies),
                 await invariants.accepted_creates_are_jobs(conn, record.accepted, record.refused),
                 await invariants.client_cancels_held(conn, record.cancelled),
                 await invariants.reads_agree(conn, record.seen_terminal),
@@ -791,6 +925,7 @@ class Chaos:
                                       "group by 1, 2, 3, 4 order by 1, 2, 3, 4", list(MODELS)):
                 if provider_kind(r["provider"], r["model"]) is ProviderKind.SYNC:
                     self.sync_by_status[(f"{r['provider']} {r['model']}", r["status"], r["code"])] = r["n"]
+            self.priced = [dict(r) for r in await conn.fetch(PRICED_BY_MODEL)]
             # The history of the first few jobs named in a violation, for diagnosis.
             bad_jobs: dict[str, None] = {}
             for c in checks:
@@ -816,6 +951,17 @@ class Chaos:
             self.say(f"kept {self.workdir} (logs, database, objects)")
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+# The succeeded jobs' charges by model and the price they were charged by.
+PRICED_BY_MODEL = """
+select provider, model, coalesce(price_applied->'price'->>'per', '-') as per, count(*) as jobs,
+       sum(credits_charged) as charged, sum(credits_reserved) as reserved,
+       count(*) filter (where price_applied->>'note' like '%capped%') as capped,
+       count(*) filter (where price_applied->'price' <> 'null'::jsonb and price_applied->'measure' = 'null'::jsonb)
+           as unreadable
+from jobs where status = 'succeeded' group by 1, 2, 3 order by 1, 2, 3
+"""
 
 
 def _cpu_s() -> float:
@@ -847,7 +993,8 @@ async def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> 
                     statuses_seen["settling"] = sum(got[0][s] for s in SETTLING)
                 await asyncio.sleep(2.0)
 
-        stop_progress = asyncio.Event()
+        stop_progress, stop_sampling = asyncio.Event(), asyncio.Event()
+        sampler = asyncio.create_task(chaos.sample_caps(stop_sampling))
         killer = asyncio.create_task(chaos.killer(busy))
         restarter = asyncio.create_task(chaos.postgres_restarter())
         watchers = [asyncio.create_task(chaos.progress(stop_progress)), asyncio.create_task(watch_settling())]
@@ -863,7 +1010,11 @@ async def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> 
                 task.cancel()
             await asyncio.gather(load, killer, restarter, *watchers, return_exceptions=True)
             await chaos.load.aclose()
-        drained = await chaos.drain()
+        try:
+            drained = await chaos.drain()
+        finally:
+            stop_sampling.set()
+            await asyncio.gather(sampler, return_exceptions=True)
         drain_s = time.monotonic() - chaos.started - load_s
         for proc in (*chaos.settlers, chaos.web):  # a quiet system before we look
             proc.stop()
@@ -882,7 +1033,7 @@ async def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> 
         f"{1000 * cpu / max(1, jobs_made):.1f} ms per job; wall {time.monotonic() - chaos.started:.0f} s")
     out("RESULT: " + ("ok, no violations" if ok else "VIOLATIONS (see above)"))
     return ChaosResult(checks, chaos.kills, Counter({s: n for (s, _), n in by_status.items()}),
-                       time.monotonic() - chaos.started, str(chaos.workdir))
+                       time.monotonic() - chaos.started, str(chaos.workdir), chaos.cap_tallies)
 
 
 def _report(chaos: Chaos, checks: list[Check], by_status: Counter, histories: list[str],
@@ -898,6 +1049,12 @@ def _report(chaos: Chaos, checks: list[Check], by_status: Counter, histories: li
     out("sync jobs by model, status and error code:")
     for (model, status, code), n in sorted(chaos.sync_by_status.items()):
         out(f"  {model:<46} {status:<11} {code:<18} {n:>6}")
+    out("succeeded jobs charged, by model and price unit:")
+    for r in chaos.priced:
+        out(f"  {r['provider'] + ' ' + r['model']:<46} {r['per']:<13} {r['jobs']:>4} jobs, {r['charged']:>5} of "
+            f"{r['reserved']:>5} reserved; {r['capped']} capped by the reservation, {r['unreadable']} unreadable")
+    out("caps: " + (", ".join(c.name for c in chaos.caps) or "none") + "; simulator peak_concurrent: "
+        + ", ".join(f"{k} {v}" for k, v in sorted((chaos.sim_stats.get("peak_concurrent") or {}).items())))
     out("client answers: " + ", ".join(f"{k} x{v}" for k, v in sorted(record.answers.items()))
         + f"; create retries {record.create_retries}")
     stats = chaos.sim_stats

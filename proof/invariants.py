@@ -11,23 +11,48 @@ The client-side checks at the end take what a client recorded (answers it
 got) and hold the database to it: an accepted create is a job, a cancel
 answered 200 is a cancelled job, a terminal status a client read is the
 job's final status.
+
+Prices and caps (the models file, CONTRACT.md): a succeeded job with a
+price is charged it on what the provider did (`succeeded_charges` measures
+it again: outputs stored, the seconds of the stored media read back from
+storage by app.media, the tokens and characters the simulator was told to
+report), and its `price_applied` record agrees; no provider ever had more in
+flight than a cap, by the simulator's own `peak_concurrent` where a cap
+covers a whole protocol prefix, and by samples of the database taken while
+the run went on (`CapTally`).
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
+import math
 import os
 import re
+import tempfile
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
 from typing import Any, NamedTuple
 
+from app import media, pricing
 from app.domain import states
+from app.models_file import NO_MODELS, ModelsFile, Price
 from app.providers import provider_kind
+from app.providers.base import Usage, UsageUnit
+from app.simulator import anthropic as sim_anthropic
+from app.simulator import elevenlabs as sim_elevenlabs
+from app.simulator import fal as sim_fal
+from app.simulator import gateway as sim_gateway
+from app.simulator import gemini as sim_gemini
+from app.simulator import kie as sim_kie
+from app.simulator import native as sim_native
+from app.simulator import openai as sim_openai
+from app.simulator import replicate as sim_replicate
 from app.simulator.outputs import output_sha256
 from app.storage import ObjectNotFound, Storage, StorageError, object_key
-from app.vocabulary import IN_FLIGHT, TERMINAL, JobStatus, ProviderKind, ProviderName
+from app.vocabulary import IN_FLIGHT, SUBMITTED, TERMINAL, JobStatus, ProviderKind, ProviderName
 
 JOB_ID_IN_URL = re.compile(r"job_[0-9a-f]{24}")  # in a callback URL, or a violation line
 # The simulator's defaults for the `input` controls (app/simulator/controls.py).
@@ -57,7 +82,7 @@ def simulator_task_id(provider_task_id: str) -> str:
     return provider_task_id.rsplit("/", 1)[-1]
 
 
-def controls_of(provider: str, input_: dict) -> dict:
+def controls_of(provider: str, input_: Mapping[str, Any]) -> Mapping[str, Any]:
     """The simulator's controls in a job's input, where its provider's
     protocol carries them: Gemini's in `parameters`, the rest at the top."""
     if provider == "gemini":
@@ -136,20 +161,277 @@ group by j.id
 """
 
 
-def expected_charge(provider: str, input: Mapping[str, Any], reserved: int) -> int:
-    """What a succeeded job must be charged (CONTRACT.md): the reported cost
-    capped at the reservation, or the reservation when no cost is reported."""
+def expected_charge(provider: str, input: Mapping[str, Any], reserved: int, price: Price | None = None,
+                    measures: pricing.Measures | None = None) -> int:
+    """What a succeeded job must be charged (CONTRACT.md). With a price: the
+    price on the measures (app.pricing, fed what the provider did: see
+    `provider_measures`), capped at the reservation. Without one: the
+    reported cost capped at the reservation, or the reservation when no cost
+    is reported."""
+    if price is not None:
+        return pricing.charge(price, reserved, measures or pricing.Measures(0)).credits
     if provider not in PROVIDERS_REPORTING_COST:
         return reserved
     return states.charge_for(reserved, int(input.get("cost", SIM_DEFAULT_COST)))
 
 
-async def job_money(conn) -> Check:
+# --- what a succeeded job used, measured again --------------------------------------
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def recorded_usage(value: Any) -> tuple[Usage, ...]:
+    """`jobs.usage` (a JSON array of {unit, amount}) as Usage; entries of an
+    unknown unit are left out."""
+    units = {u.value: u for u in UsageUnit}
+    found = []
+    for item in _json(value) or ():
+        if isinstance(item, Mapping) and item.get("unit") in units and isinstance(item.get("amount"), int | float):
+            found.append(Usage(units[item["unit"]], float(item["amount"])))
+    return tuple(found)
+
+
+def llm_controls(provider: str, input_: Mapping[str, Any]) -> dict[str, Any]:
+    """The simulator's controls of an LLM call (its `metadata`; OpenAI's
+    metadata holds strings, which the simulator reads as JSON numbers)."""
+    metadata = input_.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return {}
+    if provider != ProviderName.OPENAI:
+        return dict(metadata)
+    found = {}
+    for key, value in metadata.items():
+        try:
+            found[key] = json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            found[key] = value
+    return found
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_speech(provider: str, model: str) -> bool:
+    return provider == ProviderName.ELEVENLABS and model.startswith("text-to-speech/")
+
+
+def provider_usage(provider: str, model: str, input_: Mapping[str, Any],
+                   recorded: tuple[Usage, ...]) -> tuple[Usage, ...]:
+    """The usage the provider reported, as the simulator was told to report
+    it: an LLM call's tokens when its metadata set both counts, speech's
+    characters (the text's length: its `character-cost`). Otherwise what
+    was recorded (the simulator's own estimate, not recomputed here)."""
+    if provider in LLM_PROVIDERS:
+        controls = llm_controls(provider, input_)
+        given, made = controls.get("input_tokens"), controls.get("output_tokens")
+        if isinstance(given, int) and isinstance(made, int) and _whole(given) and _whole(made):
+            return (Usage(UsageUnit.INPUT_TOKENS, float(given)), Usage(UsageUnit.OUTPUT_TOKENS, float(made)))
+    elif is_speech(provider, model) and isinstance(input_.get("text"), str):
+        return (Usage(UsageUnit.CHARACTERS, float(len(input_["text"]))),)
+    return recorded
+
+
+def provider_measures(provider: str, model: str, input_: Mapping[str, Any], *, outputs: int,
+                      seconds: float | None, recorded: tuple[Usage, ...] = ()) -> pricing.Measures:
+    """What a succeeded job used at its provider (pure): its outputs stored,
+    the seconds its stored media plays (read back from storage), the usage
+    the provider reported (`provider_usage`), the cost it reported (the
+    native protocol's `cost` control; the others report none)."""
+    cost = None
+    if provider in PROVIDERS_REPORTING_COST:
+        cost = int(controls_of(provider, input_).get("cost", SIM_DEFAULT_COST))
+    return pricing.Measures(outputs, seconds=seconds, usage=provider_usage(provider, model, input_, recorded),
+                            provider_cost=cost)
+
+
+def _total(usage: Sequence[Usage], units: tuple[UsageUnit, ...]) -> float | None:
+    found = [u.amount for u in usage if u.unit in units]
+    return sum(found) if found else None
+
+
+def measure_problems(provider: str, model: str, input_: Mapping[str, Any], per: str, measures: pricing.Measures,
+                     recorded: tuple[Usage, ...], media_outputs: int) -> list[str]:
+    """Where what the service recorded or stored is not what the provider
+    made (pure): usage that is not what the provider reported, media that
+    does not play as long as the provider made it (`output_duration_s` of
+    each of `media_outputs` audio/video outputs)."""
+    problems = []
+    units = {"1k_tokens": pricing.TOKEN_UNITS, "1k_characters": (UsageUnit.CHARACTERS,)}.get(per)
+    if units is not None:
+        reported, kept = _total(measures.usage, units), _total(recorded, units)
+        if reported != kept:
+            problems.append(f"usage recorded {kept} {per[3:]}, the provider reported {reported}")
+    if per == "second":
+        each = controls_of(provider, input_).get("output_duration_s")
+        if isinstance(each, int | float) and media_outputs:
+            made = media_outputs * float(each)
+            if measures.seconds is None or abs(measures.seconds - made) > 0.01 * media_outputs:
+                problems.append(f"its stored media plays {measures.seconds} s, the provider made "
+                                f"{media_outputs} x {each} s")
+    return problems
+
+
+def _decimal(value: Any) -> Decimal | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return Decimal(repr(value))
+
+
+def price_record_problems(applied: Mapping[str, Any] | None, price: Price | None, reserved: int, charged: int,
+                          measure: Decimal | None) -> list[str]:
+    """How a succeeded job's `price_applied` disagrees with its charge
+    (pure). `price`: its models-file price; `measure`: the amount of its
+    unit it used, measured again (None: it cannot be read). The record
+    names that price and reservation, its `charged` is the job's charge,
+    equal to min(ceil(credits x its measure), reserved), and its measure is
+    the one measured again (none: charged the reservation). A job with no
+    price may have no record (closed before records were kept)."""
+    if price is None:
+        if applied is None:
+            return []
+        problems = []
+        if applied.get("price") is not None:
+            problems.append(f"price_applied names a price {applied.get('price')} but its model has none")
+        if applied.get("charged") != charged:
+            problems.append(f"price_applied says charged {applied.get('charged')}, the job {charged}")
+        return problems
+    if applied is None:
+        return ["priced, but no price_applied recorded"]
+    problems = []
+    named_price = applied.get("price")
+    named: Mapping[str, Any] = named_price if isinstance(named_price, Mapping) else {}
+    if _decimal(named.get("credits")) != price.credits or named.get("per") != price.per:
+        problems.append(f"price_applied names {applied.get('price')}, the models file "
+                        f"{{credits {price.credits}, per {price.per}}}")
+    if applied.get("reserved") != reserved:
+        problems.append(f"price_applied says reserved {applied.get('reserved')}, the job {reserved}")
+    if applied.get("charged") != charged:
+        problems.append(f"price_applied says charged {applied.get('charged')}, the job {charged}")
+    recorded = applied.get("measure")
+    if recorded is None:
+        if measure is not None:
+            problems.append(f"price_applied could not read the measure, but it is {measure} ({price.per})")
+        if charged != reserved:
+            problems.append(f"measure unreadable, charged {charged} instead of the reservation {reserved}")
+        return problems
+    amount = _decimal(recorded)
+    if amount is None:
+        return [*problems, f"price_applied's measure {recorded!r} is not a number"]
+    if measure is None or abs(amount - measure) > Decimal("1e-9"):
+        problems.append(f"price_applied's measure is {recorded} ({price.per}), measured again {measure}")
+    by_record = min(int((price.credits * amount).to_integral_value(rounding=ROUND_CEILING)), reserved)
+    if charged != by_record:
+        problems.append(f"charged {charged}, but ceil({price.credits} x {recorded}) capped at {reserved} "
+                        f"is {by_record}")
+    return problems
+
+
+@dataclass(frozen=True)
+class Charged:
+    """A succeeded job's charge beside what it must be: its price (None:
+    none applies), what it used (`provider_measures`), its `price_applied`
+    record and where what was stored or recorded is not what the provider
+    made."""
+
+    job_id: str
+    provider: str
+    model: str
+    input: Mapping[str, Any]
+    reserved: int
+    charged: int
+    price: Price | None
+    measures: pricing.Measures
+    applied: Mapping[str, Any] | None
+    measure_problems: tuple[str, ...] = ()
+
+    @property
+    def expected(self) -> int:
+        return expected_charge(self.provider, self.input, self.reserved, self.price, self.measures)
+
+    @property
+    def measure(self) -> Decimal | None:
+        return None if self.price is None else pricing.measure(self.price.per, self.measures)
+
+
+SUCCEEDED_CHARGES = """
+select j.id, j.provider, j.model, j.input, j.usage, j.price_applied, j.credits_reserved, j.credits_charged,
+       coalesce(json_agg(json_build_object('key', a.storage_key, 'type', a.content_type) order by a.index)
+                filter (where a.job_id is not null), '[]'::json)::text as assets
+from jobs j left join assets a on a.job_id = j.id
+where j.status = 'succeeded'
+group by j.id
+"""
+
+
+async def stored_seconds(storage: Storage, assets: Sequence[Mapping[str, Any]]) -> float | None:
+    """The summed duration of the audio/video among a job's stored outputs,
+    read back from storage (as a client downloads them) into files that
+    app.media measures; None when there is none or one cannot be read."""
+    wanted = [a for a in assets if media.is_media(a["type"])]
+    if not wanted:
+        return None
+    with tempfile.TemporaryDirectory(prefix="longcall-measure-") as directory:
+        pairs = []
+        for i, a in enumerate(wanted):
+            path = os.path.join(directory, str(i))
+            try:
+                chunks = await storage.open_stream(a["key"])
+                f = await asyncio.to_thread(open, path, "wb")
+                try:
+                    async for chunk in chunks:
+                        await asyncio.to_thread(f.write, chunk)
+                finally:
+                    f.close()
+            except (ObjectNotFound, StorageError):
+                return None  # outputs_stored names the missing object
+            pairs.append((path, a["type"]))
+        return await asyncio.to_thread(media.summed_duration_s, pairs)
+
+
+async def succeeded_charges(conn, models: ModelsFile = NO_MODELS, storage: Storage | None = None,
+                            parallel: int = 16) -> dict[str, Charged]:
+    """Every succeeded job's charge beside what it must be (`Charged`), its
+    price the models file's first matching entry's. A per-second price's
+    seconds are read from the stored files, so `storage` is needed then."""
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(r) -> Charged:
+        input_ = _input(r["input"])
+        assets = json.loads(r["assets"])
+        entry = models.match(r["provider"], r["model"])
+        price = entry.price if entry is not None else None
+        recorded = recorded_usage(r["usage"])
+        seconds = None
+        if price is not None and price.per == "second":
+            if storage is None:
+                raise ValueError("a per-second price is measured from the stored files: pass the storage")
+            async with gate:
+                seconds = await stored_seconds(storage, assets)
+        measures = provider_measures(r["provider"], r["model"], input_, outputs=len(assets), seconds=seconds,
+                                     recorded=recorded)
+        problems = () if price is None else tuple(measure_problems(
+            r["provider"], r["model"], input_, price.per, measures, recorded,
+            sum(1 for a in assets if media.is_media(a["type"]))))
+        return Charged(r["id"], r["provider"], r["model"], input_, r["credits_reserved"], r["credits_charged"],
+                       price, measures, _json(r["price_applied"]), problems)
+
+    found = await asyncio.gather(*(one(r) for r in await conn.fetch(SUCCEEDED_CHARGES)))
+    return {c.job_id: c for c in found}
+
+
+async def job_money(conn, charges: Mapping[str, Charged] | None = None) -> Check:
     """Per job: reserved = charged + refunded once terminal, nothing moved
     while in flight, the ledger agrees with the job's columns, and a
-    succeeded job is charged what the provider reported (capped)."""
+    succeeded job is charged what it must be (`expected_charge`: its price
+    on what it used, or what the provider reported, capped). `charges`:
+    from `succeeded_charges` (None: measured here, with no models file)."""
+    if charges is None:
+        charges = await succeeded_charges(conn)
     rows = await conn.fetch(JOB_MONEY)
     violations = []
+    by: Counter = Counter()
     for r in rows:
         problems = []
         if r["n_reserve"] != 1 or r["l_reserve"] != r["r"]:
@@ -164,12 +446,46 @@ async def job_money(conn) -> Check:
         if r["status"] in (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED) and r["c"]:
             problems.append(f"{r['status']} but charged {r['c']}")
         if r["status"] == JobStatus.SUCCEEDED:
-            want = expected_charge(r["provider"], _input(r["input"]), r["r"])
+            charged = charges.get(r["id"])
+            if charged is None:
+                want = expected_charge(r["provider"], _input(r["input"]), r["r"])
+                price = None
+            else:
+                want, price = charged.expected, charged.price
+            by["by its price" if price else "by the provider's cost or the reservation"] += 1
             if r["c"] != want:
-                problems.append(f"charged {r['c']}, the provider's cost says {want}")
+                says = (f"its price ({price.credits} per {price.per}) on what it used says" if price
+                        else "the provider's cost says")
+                problems.append(f"charged {r['c']}, {says} {want}")
         if problems:
             violations.append(f"{r['id']} ({r['status']}): " + "; ".join(problems))
-    return Check("per job: reserved = charged + refunded", len(rows), violations)
+    return Check("per job: reserved = charged + refunded", len(rows), violations,
+                 ", ".join(f"{n} succeeded charged {how}" for how, n in sorted(by.items())))
+
+
+def prices_applied(charges: Mapping[str, Charged]) -> Check:
+    """Every succeeded job's `price_applied` agrees with its charge and its
+    price (`price_record_problems`), and what a priced job was charged on is
+    what its provider made (`measure_problems`)."""
+    violations = []
+    units: Counter = Counter()
+    unreadable = capped = 0
+    for c in sorted(charges.values(), key=lambda c: c.job_id):
+        problems = [*price_record_problems(c.applied, c.price, c.reserved, c.charged, c.measure),
+                    *c.measure_problems]
+        if c.price is not None:
+            units[c.price.per] += 1
+            measure = c.measure
+            if measure is None:
+                unreadable += 1
+            elif (c.price.credits * measure).to_integral_value(rounding=ROUND_CEILING) > c.reserved:
+                capped += 1
+        if problems:
+            violations.append(f"{c.job_id} ({c.provider} {c.model}): " + "; ".join(problems))
+    note = ", ".join(f"{n} per {unit}" for unit, n in sorted(units.items()))
+    if units:
+        note += f"; {capped} capped at the reservation, {unreadable} unreadable (charged the reservation)"
+    return Check("each charge its price on what was measured", len(charges), violations, note or "no prices")
 
 
 async def charged_or_refunded_once(conn) -> Check:
@@ -354,6 +670,123 @@ async def no_sync_call_twice(conn, sim_stats: Mapping[str, Any]) -> Check:
                  f"{calls} calls for {called} sync jobs that started one ({len(succeeded)} succeeded)")
 
 
+# --- capacity ------------------------------------------------------------------------
+
+# Each provider's protocol prefix at the simulator, as its `peak_concurrent` names it.
+SIM_PREFIXES: dict[str, str] = {m.PROTOCOL: m.PREFIX for m in (
+    sim_native, sim_replicate, sim_fal, sim_kie, sim_gateway, sim_gemini, sim_elevenlabs, sim_anthropic,
+    sim_openai)}
+
+
+@dataclass(frozen=True)
+class Cap:
+    """A cap of a run: MAX_IN_FLIGHT_<PROVIDER> (`entry` None) or a
+    models-file entry's `max_in_flight` (`entry`: its model glob), which
+    counts the jobs whose first matching entry it is."""
+
+    provider: str
+    limit: int
+    entry: str | None = None
+
+    @property
+    def name(self) -> str:
+        if self.entry is None:
+            return f"MAX_IN_FLIGHT_{self.provider.upper()}={self.limit}"
+        return f"{self.provider} {self.entry} max_in_flight={self.limit}"
+
+    def covers(self, models: ModelsFile, provider: str, model: str) -> bool:
+        if provider != self.provider:
+            return False
+        if self.entry is None:
+            return True
+        entry = models.match(provider, model)
+        return entry is not None and entry.model == self.entry
+
+
+def caps_of(models: ModelsFile, env: Mapping[str, str]) -> list[Cap]:
+    """The caps a service started with this models file and environment holds."""
+    caps = [Cap(p.value, int(env[f"MAX_IN_FLIGHT_{p.value.upper()}"])) for p in ProviderName
+            if env.get(f"MAX_IN_FLIGHT_{p.value.upper()}")]
+    caps += [Cap(e.provider, e.max_in_flight, e.model) for e in models.entries if e.max_in_flight is not None]
+    return caps
+
+
+# One sample of the jobs a cap counts ($1: the capped providers): how many
+# of each model are submitted and not closed, and how many wait queued.
+CAP_SAMPLE = f"""
+select provider, model, status, count(*) as n from jobs
+where provider = any($1::text[]) and status in {tuple(s.value for s in (JobStatus.QUEUED, *SUBMITTED))}
+group by 1, 2, 3
+"""
+
+
+@dataclass
+class CapTally:
+    """What samples of the database saw of one cap: the most jobs under it
+    submitted at once, and in how many samples it was full with a job of
+    it waiting (it bound)."""
+
+    cap: Cap
+    samples: int = 0
+    peak: int = 0
+    peak_at_s: float | None = None
+    bound: int = 0
+
+    def add(self, models: ModelsFile, rows: Iterable[Mapping[str, Any]], at_s: float) -> None:
+        """One sample: `rows` of (provider, model, status, n), as CAP_SAMPLE reads them."""
+        submitted = waiting = 0
+        for r in rows:
+            if not self.cap.covers(models, r["provider"], r["model"]):
+                continue
+            if r["status"] in SUBMITTED:
+                submitted += r["n"]
+            elif r["status"] == JobStatus.QUEUED:
+                waiting += r["n"]
+        self.samples += 1
+        if submitted > self.peak:
+            self.peak, self.peak_at_s = submitted, at_s
+        if submitted >= self.cap.limit and waiting:
+            self.bound += 1
+
+
+def caps_in_database(tallies: Sequence[CapTally]) -> Check:
+    """No cap ever had more jobs under it submitted and not closed than its
+    limit, in any sample of the database taken while the run went on."""
+    violations = [f"{t.cap.name}: {t.peak} jobs submitted at once (at {t.peak_at_s:.1f} s)"
+                  for t in tallies if t.peak > t.cap.limit]
+    note = "; ".join(f"{t.cap.name} peak {t.peak}, full with jobs waiting in {t.bound} of {t.samples} samples"
+                     for t in tallies)
+    return Check("no cap exceeded in the database (sampled)", sum(t.samples for t in tallies), violations,
+                 note or "no caps")
+
+
+async def caps_at_provider(conn, sim_stats: Mapping[str, Any], caps: Sequence[Cap], models: ModelsFile) -> Check:
+    """No provider ever had more in flight than a cap, by its own count
+    (the simulator's `peak_concurrent` per protocol prefix: tasks from
+    their creation to their end, sync calls while they run). A cap speaks
+    for a prefix when every job of its provider falls under it: always
+    MAX_IN_FLIGHT_<PROVIDER>, an entry's cap only when each of the
+    provider's models in the run first matches that entry (others are
+    held to the database samples alone)."""
+    peaks: Mapping[str, int] = sim_stats.get("peak_concurrent") or {}
+    violations, notes, checked = [], [], 0
+    for cap in caps:
+        prefix = SIM_PREFIXES.get(cap.provider)
+        models_run = [r["model"] for r in await conn.fetch("select distinct model from jobs where provider = $1",
+                                                           cap.provider)]
+        if prefix is None or not all(cap.covers(models, cap.provider, m) for m in models_run):
+            notes.append(f"{cap.name}: not all of {prefix}")
+            continue
+        checked += 1
+        peak = int(peaks.get(prefix, 0))
+        notes.append(f"{prefix} peak {peak} ({cap.name})")
+        if peak > cap.limit:
+            violations.append(f"{prefix}: {peak} tasks and calls in flight at once at the provider, "
+                              f"over {cap.name}")
+    return Check("no provider had more in flight than its cap (simulator)", checked, violations,
+                 "; ".join(notes) or "no caps")
+
+
 # --- storage -------------------------------------------------------------------------
 
 SUCCEEDED_OUTPUTS = """
@@ -522,17 +955,23 @@ def secrets_not_logged(log_paths: Iterable[str], secrets: Mapping[str, str]) -> 
 # --- all of them -----------------------------------------------------------------------------
 
 async def system_checks(conn, *, sim_stats: Mapping[str, Any], storage: Storage,
-                        simulator_bytes: bool = True, tasks_by_job: Mapping[str, int] | None = None) -> list[Check]:
+                        simulator_bytes: bool = True, tasks_by_job: Mapping[str, int] | None = None,
+                        models: ModelsFile = NO_MODELS, caps: Sequence[Cap] = ()) -> list[Check]:
     """Every invariant DESIGN.md states that can be read off a quiet system,
-    all from one snapshot of the database."""
+    all from one snapshot of the database. `models`: the models file the
+    service ran with (its prices); `caps`: the caps it held (with them, the
+    simulator's peaks are held to them)."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        return await _system_checks(conn, sim_stats, storage, simulator_bytes, tasks_by_job)
+        return await _system_checks(conn, sim_stats, storage, simulator_bytes, tasks_by_job, models, caps)
 
 
-async def _system_checks(conn, sim_stats, storage, simulator_bytes, tasks_by_job=None) -> list[Check]:
-    return [
+async def _system_checks(conn, sim_stats, storage, simulator_bytes, tasks_by_job=None, models=NO_MODELS,
+                         caps=()) -> list[Check]:
+    charges = await succeeded_charges(conn, models, storage)
+    checks = [
         await jobs_settled(conn),
-        await job_money(conn),
+        await job_money(conn, charges),
+        prices_applied(charges),
         await charged_or_refunded_once(conn),
         await owner_money(conn),
         await one_provider_task_per_job(conn, sim_stats, tasks_by_job),
@@ -542,6 +981,9 @@ async def _system_checks(conn, sim_stats, storage, simulator_bytes, tasks_by_job
         await closed_jobs_hold_no_secret(conn),
         await no_intent_for_terminal_job(conn),
     ]
+    if caps:
+        checks.append(await caps_at_provider(conn, sim_stats, caps, models))
+    return checks
 
 
 def format_table(checks: Iterable[Check], *, examples: int = 5) -> str:

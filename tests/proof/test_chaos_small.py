@@ -1,6 +1,7 @@
 """The chaos run, small: the real processes (PostgreSQL, simulator, web, two
-settlers), a few hundred jobs under simulator faults, one settler and one web
-server SIGKILLed and PostgreSQL restarted — then every invariant holds.
+settlers), a few hundred jobs under simulator faults, priced and capped by
+the run's models file and MAX_IN_FLIGHT_FAL, one settler and one web server
+SIGKILLed and PostgreSQL restarted — then every invariant holds.
 
 And the checks themselves can fail: each one is shown a database (or
 simulator count, or storage object) broken the way it guards against."""
@@ -37,6 +38,14 @@ async def test_small_chaos_run_keeps_every_invariant():
     assert by_name["every job terminal or uncertain (intact)"].checked >= 150, report
     assert result.statuses["succeeded"] >= 100, report
     assert by_name["succeeded outputs stored with their sha256 and size"].checked >= 100, report
+    # Priced and capped (issue #14): most successes were charged a price on
+    # what was measured, and every cap was full with jobs waiting at times,
+    # yet never exceeded (by the simulator's peak and the database samples).
+    assert "per second" in by_name["each charge its price on what was measured"].note, report
+    assert by_name["each charge its price on what was measured"].checked >= 100, report
+    assert by_name["no provider had more in flight than its cap (simulator)"].checked == 2, report
+    assert {t.cap.provider for t in result.caps} == {"fal", "sim", "elevenlabs"}, report
+    assert all(t.bound for t in result.caps if t.cap.provider != "elevenlabs"), report
 
 
 # --- the checks catch what they guard against -----------------------------------------
