@@ -126,6 +126,11 @@ class Settings:
     # At most this many downloads at once from one origin, per settler
     # process: a stalled output host cannot take every settler slot.
     downloads_per_host: int = 4
+    # NOTIFY_ALLOWED_ORIGINS: exact origins notification endpoints may use
+    # although loopback or private (and over plain http): development, tests.
+    notify_allowed_origins: frozenset[str] = frozenset()
+    # NOTIFY_RETRY_S: seconds between delivery attempts, the last repeating until 24 h.
+    notify_retry_s: tuple[float, ...] = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0)
 
     @property
     def dsn(self) -> str:
@@ -185,6 +190,35 @@ class Settings:
             return None
         token = make_capability_token(provider, job_id, self.secret_key)
         return f"{self.public_url}/webhooks/{provider}/{job_id}?{urlencode({CALLBACK_TOKEN: token})}"
+
+
+def _origins(env: Mapping[str, str], name: str) -> frozenset[str]:
+    origins = set()
+    for raw in (env.get(name) or "").split(","):
+        if not raw.strip():
+            continue
+        parts = urlsplit(raw.strip())
+        try:
+            origin = origin_of(raw.strip())
+        except ValueError:
+            origin = None
+        if origin is None or parts.path not in ("", "/") or parts.query or parts.username:
+            raise ConfigError(f"{name} must be comma-separated origins like http://127.0.0.1:9000")
+        origins.add(origin)
+    return frozenset(origins)
+
+
+def _schedule(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        values = tuple(float(v) for v in raw.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(0 < v <= 86400 for v in values):  # NaN fails this too
+        raise ConfigError(f"{name} must be comma-separated seconds, each above 0 and at most 86400")
+    return values
 
 
 def _models_file(env: Mapping[str, str]) -> ModelsFile:
@@ -288,4 +322,6 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         openai_base_url=_url(env, "OPENAI_BASE_URL", OPENAI_URL),
         kie_webhook_hmac_key=env.get("KIE_WEBHOOK_HMAC_KEY") or None,
         models=_models_file(env),
+        notify_allowed_origins=_origins(env, "NOTIFY_ALLOWED_ORIGINS"),
+        notify_retry_s=_schedule(env, "NOTIFY_RETRY_S", (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0)),
     )

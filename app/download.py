@@ -290,14 +290,17 @@ async def _resolve_checked(url: httpx.URL, policy: DownloadPolicy, resolve: Reso
 
 
 def pinned_request(client: httpx.AsyncClient, url: httpx.URL, ip: str,
-                   credentials: Mapping[str, str] | None = None) -> httpx.Request:
-    """A GET that connects to `ip` while speaking to `url`'s host: the Host
-    header names the host and TLS sends it as SNI and verifies the
-    certificate against it (httpcore's `sni_hostname` extension)."""
+                   credentials: Mapping[str, str] | None = None, *, method: str = "GET",
+                   content: bytes | None = None, headers: Mapping[str, str] | None = None) -> httpx.Request:
+    """A request (a GET unless told) that connects to `ip` while speaking to
+    `url`'s host: the Host header names the host and TLS sends it as SNI and
+    verifies the certificate against it (httpcore's `sni_hostname` extension)."""
     return client.build_request(
-        "GET",
+        method,
         url.copy_with(host=ip),
-        headers={**(credentials or {}), "Host": url.netloc.decode("ascii"), "Accept-Encoding": "identity"},
+        content=content,
+        headers={**(headers or {}), **(credentials or {}), "Host": url.netloc.decode("ascii"),
+                 "Accept-Encoding": "identity"},
         extensions={"sni_hostname": url.raw_host.decode("ascii")},
     )
 

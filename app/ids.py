@@ -7,6 +7,8 @@ import secrets
 
 JOB_ID = re.compile(r"^job_[0-9a-f]{24}$")
 OWNER_ID = re.compile(r"^own_[0-9a-f]{24}$")
+ENDPOINT_ID = re.compile(r"^we_[0-9a-f]{24}$")
+NOTIFICATION_ID = re.compile(r"^evt_[0-9a-f]{32}$")  # made in SQL (app/domain/notifications.py)
 KEY_PREFIX_LEN = 12  # "lc_" + 9 characters: enough to name a key, useless to guess it
 
 
@@ -16,6 +18,10 @@ def new_job_id() -> str:
 
 def new_owner_id() -> str:
     return "own_" + secrets.token_hex(12)
+
+
+def new_endpoint_id() -> str:
+    return "we_" + secrets.token_hex(12)
 
 
 def new_api_key() -> str:
@@ -35,3 +41,11 @@ def api_key_hash(key: str) -> bytes:
 def is_job_id(value: str) -> bool:
     # fullmatch: `$` alone would also accept a trailing newline.
     return isinstance(value, str) and JOB_ID.fullmatch(value) is not None
+
+
+def is_endpoint_id(value: str) -> bool:
+    return isinstance(value, str) and ENDPOINT_ID.fullmatch(value) is not None
+
+
+def is_notification_id(value: str) -> bool:
+    return isinstance(value, str) and NOTIFICATION_ID.fullmatch(value) is not None

@@ -56,10 +56,49 @@ class IntentKind(StrEnum):
     SUBMIT = "submit"
     SETTLE = "settle"
     CANCEL = "cancel"
+    NOTIFY = "notify"  # one delivery of a notification to one endpoint (outbox.delivery_id)
 
 
 # The intents that closing a job makes pointless (a provider cancel may outlive it).
 CLOSED_BY_CLOSE: tuple[IntentKind, ...] = (IntentKind.SUBMIT, IntentKind.SETTLE)
+
+
+class EventType(StrEnum):
+    """A line of a job's timeline (`GET /v1/jobs/{id}/events`, table job_events)."""
+
+    CREATED = "created"
+    SUBMIT_SENT = "submit_sent"
+    TASK_SAVED = "task_saved"
+    CALL_STARTED = "call_started"
+    WEBHOOK_ACCEPTED = "webhook_accepted"
+    STATUS_CHECKED = "status_checked"
+    OUTPUT_STORED = "output_stored"
+    CLOSED = "closed"
+    NOTIFICATION_DELIVERED = "notification_delivered"
+    NOTIFICATION_FAILED = "notification_failed"
+
+
+class NotificationType(StrEnum):
+    """What a notification tells (CONTRACT.md: Notifications to the client):
+    `job.` and the status the job moved to."""
+
+    RUNNING = "job.running"
+    UNCERTAIN = "job.uncertain"
+    SUCCEEDED = "job.succeeded"
+    FAILED = "job.failed"
+    CANCELLED = "job.cancelled"
+    EXPIRED = "job.expired"
+
+
+# The statuses whose arrival is notified; an endpoint that names no events gets the terminal ones.
+NOTIFIED: tuple[JobStatus, ...] = (JobStatus.RUNNING, JobStatus.UNCERTAIN) + TERMINAL
+DEFAULT_EVENTS: tuple[NotificationType, ...] = tuple(NotificationType(f"job.{s}") for s in TERMINAL)
+
+
+class DeliveryStatus(StrEnum):
+    PENDING = "pending"  # not yet answered with a 2xx, still within its 24 h
+    DELIVERED = "delivered"
+    FAILED = "failed"  # given up (24 h of retries, or its endpoint deleted)
 
 
 class LedgerKind(StrEnum):

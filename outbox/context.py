@@ -13,6 +13,7 @@ import asyncpg
 from app import db
 from app.capacity import capped_providers
 from app.config import Settings
+from app.delivery import Sender
 from app.download import DownloadPolicy, HostLimiter
 from app.metrics import Metrics
 from app.providers import build_providers, close_providers
@@ -32,6 +33,9 @@ class Context:
     download_dir: str
     # Every download of this settler process shares it (per-origin limit).
     host_limiter: HostLimiter
+    # Notification deliveries: the guarded sender, and places per endpoint id.
+    sender: Sender
+    endpoint_places: HostLimiter
 
     @classmethod
     async def open(cls, settings: Settings, *, pool_size: int = 10,
@@ -45,7 +49,9 @@ class Context:
         return cls(settings=settings, pool=pool, providers=providers,
                    storage=open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url),
                    secretbox=SecretBox(settings.secret_keys), metrics=Metrics(),
-                   download_dir=download_dir, host_limiter=HostLimiter(settings.downloads_per_host))
+                   download_dir=download_dir, host_limiter=HostLimiter(settings.downloads_per_host),
+                   sender=Sender(settings.notify_allowed_origins),
+                   endpoint_places=HostLimiter(PLACES_PER_ENDPOINT))
 
     @functools.cached_property
     def capacity_limited(self) -> bool:
@@ -72,11 +78,13 @@ class Context:
     async def close(self) -> None:
         await close_providers(self.providers)
         await self.storage.aclose()
+        await self.sender.aclose()
         await self.pool.close()
         shutil.rmtree(self.download_dir, ignore_errors=True)
 
 
 DOWNLOAD_DIR_PREFIX = "longcall-downloads-"
+PLACES_PER_ENDPOINT = 4  # notification attempts at once to one endpoint, per settler
 
 
 def _remove_orphaned_download_dirs() -> None:

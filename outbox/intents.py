@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import asyncpg
 
 from app.db import OUTBOX_CHANNEL
-from app.vocabulary import IN_FLIGHT, IntentKind, sql_list
+from app.domain import events
+from app.vocabulary import IN_FLIGHT, EventType, IntentKind, sql_list
 
 KINDS = tuple(IntentKind)
 
@@ -27,7 +28,8 @@ KINDS = tuple(IntentKind)
 # is share-locked, so a concurrent close (whose UPDATE waits for us) cannot
 # slip between the check and the insert and leave an intent on a closed job.
 # `before` is read first to tell whether this request moved the due time
-# earlier (only then is there anyone to wake).
+# earlier (only then is there anyone to wake). $4, when not null, is a line
+# for the job's timeline written with the request (an accepted webhook's).
 REQUEST = f"""
 with open_job as (
     select id from jobs
@@ -38,10 +40,13 @@ with open_job as (
 ), upsert as (
     insert into outbox (job_id, kind, not_before)
     select id, $2, now() + make_interval(secs => $3) from open_job
-    on conflict (job_id, kind) do update
+    on conflict (job_id, kind, delivery_id) do update
         set not_before = least(outbox.not_before, excluded.not_before),
             generation = outbox.generation + 1
     returning not_before
+), line as (
+    insert into job_events (job_id, type, detail)
+    select id, $4, '{{}}'::jsonb from open_job where $4::text is not null and {events.room_for('$1')}
 )
 select case
          when not exists (select 1 from before)
@@ -56,17 +61,27 @@ from upsert
 
 # Claim due intents not held by a live lease. SKIP LOCKED lets several
 # settlers claim side by side; the lease returns a crashed worker's claims.
-CLAIM = """
-with due as (
+# Notify intents are claimed from their own limit ($3): deliveries to slow
+# endpoints never take the slots that submits and settles need.
+CLAIM = f"""
+with due_work as (
     select id from outbox
     where not_before <= now() and (claimed_until is null or claimed_until <= now())
+      and kind <> '{IntentKind.NOTIFY}'
     order by not_before
     limit $1
     for update skip locked
+), due_notify as (
+    select id from outbox
+    where not_before <= now() and (claimed_until is null or claimed_until <= now())
+      and kind = '{IntentKind.NOTIFY}'
+    order by not_before
+    limit $3
+    for update skip locked
 )
 update outbox o set claimed_until = now() + make_interval(secs => $2), attempts = o.attempts + 1
-from due where o.id = due.id
-returning o.id, o.job_id, o.kind, o.generation, o.attempts
+from (select id from due_work union all select id from due_notify) due where o.id = due.id
+returning o.id, o.job_id, o.kind, o.generation, o.attempts, o.delivery_id
 """
 
 # Done: delete finished intents, all in one statement (the settler's group
@@ -118,20 +133,24 @@ class Intent:
     kind: IntentKind
     generation: int
     attempts: int
+    delivery_id: int | None = None  # a notify intent's delivery
 
 
-async def request(conn, job_id: str, kind: IntentKind, delay_s: float = 0.0) -> bool:
+async def request(conn, job_id: str, kind: IntentKind, delay_s: float = 0.0, *,
+                  line: EventType | None = None) -> bool:
     """Ask for `kind` on a job still in flight (coalescing into its open
-    intent). False when the job is closed (or unknown): nothing is written.
-    One statement, one round trip."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown intent kind {kind}")
-    return await conn.fetchrow(REQUEST, job_id, kind, float(delay_s)) is not None
+    intent), with `line` added to its timeline. False when the job is closed
+    (or unknown): nothing is written. One statement, one round trip."""
+    if kind not in KINDS or kind is IntentKind.NOTIFY:
+        raise ValueError(f"not an intent kind a job can ask for: {kind}")
+    return await conn.fetchrow(REQUEST, job_id, kind, float(delay_s), line) is not None
 
 
-async def claim(conn, limit: int, lease_s: float) -> list[Intent]:
-    rows = await conn.fetch(CLAIM, limit, float(lease_s))
-    return [Intent(r["id"], r["job_id"], IntentKind(r["kind"]), r["generation"], r["attempts"]) for r in rows]
+async def claim(conn, limit: int, lease_s: float, notify_limit: int = 0) -> list[Intent]:
+    """Up to `limit` due submit/settle/cancel intents and `notify_limit` notify ones."""
+    rows = await conn.fetch(CLAIM, limit, float(lease_s), notify_limit)
+    return [Intent(r["id"], r["job_id"], IntentKind(r["kind"]), r["generation"], r["attempts"], r["delivery_id"])
+            for r in rows]
 
 
 async def finish_many(conn, done: list[Intent]) -> set[int]:

@@ -10,7 +10,9 @@ from app.vocabulary import IntentKind
 
 # Consecutive failed attempts (errors, not normal "ask later" waits) before
 # an intent gives up: the job then fails with a refund (settle_exhausted).
-MAX_ATTEMPTS = {IntentKind.SUBMIT: 8, IntentKind.SETTLE: 10, IntentKind.CANCEL: 5}
+# A notify intent counts only errors of our own (an endpoint's failures are
+# its delivery's schedule, outbox/notify.py): exhausted, the delivery fails.
+MAX_ATTEMPTS = {IntentKind.SUBMIT: 8, IntentKind.SETTLE: 10, IntentKind.CANCEL: 5, IntentKind.NOTIFY: 10}
 NOT_YET_SUBMITTED_RETRY_S = 2.0  # settle asked before the task id is saved
 HOST_BUSY_RETRY_S = 5.0  # an output's host had no download place free: look again (no failure)
 IN_DOUBT_FIND_ATTEMPTS = 3

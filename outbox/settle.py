@@ -21,7 +21,7 @@ import datetime as dt
 import logging
 import time
 
-from app.domain import jobs
+from app.domain import events, jobs
 from app.domain.record import JobRecord
 from app.download import OutputTooLarge
 from app.metrics import SETTLE_SECONDS
@@ -67,6 +67,8 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
         return await _carry_out(ctx, record, provider, decide.after_download_error(0, e, attempts), attempts)
     else:
         ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.OK)
+    async with ctx.pool.acquire() as conn:
+        await events.status_checked(conn, job_id, _what_was_said(seen))
     try:
         decision = decide.settle(record, seen, now=now, attempts=attempts, facts=facts)
         outcome = await _carry_out(ctx, record, provider, decision, attempts)
@@ -76,6 +78,13 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
     if isinstance(decision, (decide.Close, decide.StoreOutputs)):
         SETTLE_SECONDS.labels(provider.name, type(outcome).__name__.lower()).observe(time.monotonic() - started)
     return outcome
+
+
+def _what_was_said(seen: Observation | ProviderError) -> dict[str, str | None]:
+    """A status check's line in the timeline: the provider's answer, bounded."""
+    if isinstance(seen, Observation):
+        return {"state": seen.state, "error": events.short(seen.error)}
+    return {"state": None, "error": events.short(f"{type(seen).__name__}: {seen}")}
 
 
 async def _confirm_claim(ctx: Context, job: JobRecord, provider, task_id: str, attempts: int) -> Outcome:

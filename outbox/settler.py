@@ -25,7 +25,7 @@ from app.domain import jobs
 from app.listen import listen_forever
 from app.metrics import INTENTS, metrics_app
 from app.vocabulary import IntentKind, JobError, JobStatus
-from outbox import intents, policy
+from outbox import intents, notify, policy
 from outbox.cancel import cancel
 from outbox.context import Context
 from outbox.outcome import Done, Later, Outcome
@@ -37,6 +37,7 @@ log = logging.getLogger("longcall.settler")
 
 STEPS = {IntentKind.SUBMIT: submit, IntentKind.SETTLE: settle, IntentKind.CANCEL: cancel}
 LOADS_ITS_JOB = {IntentKind.SUBMIT}  # its first statement claims the job row and returns it
+NEEDS_NO_JOB = {IntentKind.NOTIFY}  # a delivery reads its own rows (the job's snapshot included)
 CLAIM_BATCH = 64
 SHUTDOWN_GRACE_S = 25.0
 
@@ -50,6 +51,10 @@ class Settler:
                  lease_s: float | None = None):
         self.ctx = ctx
         self.concurrency = concurrency
+        # Deliveries run in slots of their own (outbox/notify.py): a dead
+        # endpoint's 15 s timeouts never hold up submits and settles.
+        self.notify_concurrency = max(4, concurrency // 2)
+        self.notifying = 0
         self.lease_s = lease_s or ctx.settings.settler_lease_s
         self.sweep_interval_s = ctx.settings.sweep_interval_s if sweep_interval_s is None else sweep_interval_s
         self.running: dict[int, tuple[intents.Intent, asyncio.Task]] = {}
@@ -126,29 +131,40 @@ class Settler:
                     await t
 
     async def _sleep(self, next_sweep: float | None) -> None:
-        if self.due_now and len(self.running) < self.concurrency:
+        if self.due_now and self._has_free_slot():
             return
         targets = [t for t in (self.next_wake, next_sweep) if t is not None]
         timeout = max(0.0, min(targets) - time.time()) if targets else None
         self.wake.clear()
         # stop() may have set `wake` while we were draining: the clear above
         # must not swallow it (the next timer may be minutes away).
-        if self.stopping or (self.due_now and len(self.running) < self.concurrency):
+        if self.stopping or (self.due_now and self._has_free_slot()):
             return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout)
+
+    def _free_slots(self) -> tuple[int, int]:
+        """(free slots for submits, settles and cancels; free slots for deliveries)."""
+        return (self.concurrency - (len(self.running) - self.notifying),
+                self.notify_concurrency - self.notifying)
+
+    def _has_free_slot(self) -> bool:
+        # The work slots only: a drain with them full still claims deliveries
+        # (and a finishing task asks for the next drain), so waiting on a
+        # free delivery slot here would only spin.
+        return self._free_slots()[0] > 0
 
     async def _drain(self) -> None:
         self.due_now = False
         async with self.ctx.pool.acquire() as conn:
             while not self.stopping:
-                free = self.concurrency - len(self.running)
+                free, free_notify = self._free_slots()
                 if free <= 0:
-                    # Full: a finishing task sets due_now to claim more.
-                    self.due_now = True
+                    self.due_now = True  # full: a finishing task asks for the next drain
+                if free <= 0 and free_notify <= 0:
                     return
-                asked = min(free, CLAIM_BATCH)
-                batch = await intents.claim(conn, asked, self.lease_s)
+                asked, asked_notify = max(0, min(free, CLAIM_BATCH)), max(0, min(free_notify, CLAIM_BATCH))
+                batch = await intents.claim(conn, asked, self.lease_s, asked_notify)
                 # Loaded now, not by each step: the steps start at once, so the
                 # rows are as fresh as a load of their own. If this load fails,
                 # the steps load their own rows: claimed intents always start
@@ -156,15 +172,17 @@ class Settler:
                 # A capped provider's submit reads its job's caps before the claim.
                 loads = self.ctx.capacity_limited
                 try:
-                    loaded = await jobs.load_many(conn, [i.job_id for i in batch
-                                                         if loads or i.kind not in LOADS_ITS_JOB])
+                    loaded = await jobs.load_many(conn, [i.job_id for i in batch if i.kind not in NEEDS_NO_JOB
+                                                         and (loads or i.kind not in LOADS_ITS_JOB)])
                 except Exception as e:
                     log.warning("could not load a claimed batch's jobs", extra={"error": type(e).__name__})
                     loaded = {}
                 for intent in batch:
+                    if intent.kind is IntentKind.NOTIFY:
+                        self.notifying += 1
                     task = asyncio.create_task(self._handle(intent, loaded.get(intent.job_id)))
                     self.running[intent.id] = (intent, task)
-                if len(batch) < asked:
+                if len(batch) < asked + asked_notify:
                     break
             self.next_wake = _epoch(await intents.next_due(conn))
 
@@ -173,6 +191,9 @@ class Settler:
         try:
             if policy.exhausted(intent.kind, intent.attempts):
                 outcome = await self._exhaust(intent)
+            elif intent.kind is IntentKind.NOTIFY:
+                assert intent.delivery_id is not None  # the table's check says so
+                outcome = await notify.notify(self.ctx, intent.delivery_id)
             else:
                 outcome = await STEPS[intent.kind](self.ctx, intent.job_id, intent.attempts, job)
         except asyncio.CancelledError:
@@ -187,7 +208,8 @@ class Settler:
                 self.finished_ready.set()
             else:
                 async with self.ctx.pool.acquire() as conn:
-                    if outcome.failed and outcome.reason:
+                    # (A delivery's errors are its own: the job, closed, is not touched.)
+                    if outcome.failed and outcome.reason and intent.kind is not IntentKind.NOTIFY:
                         # Operators see why (longcall status, the job's error on exhaustion).
                         await jobs.note_error(conn, intent.job_id, f"{intent.kind}: {outcome.reason}")
                     row = await intents.retry(conn, intent, outcome.delay_s, failed=outcome.failed)
@@ -202,10 +224,13 @@ class Settler:
             log.warning("could not record an intent's outcome",
                         extra={"job_id": intent.job_id, "intent": intent.kind, "error": type(e).__name__})
         finally:
-            self.running.pop(intent.id, None)
+            if self.running.pop(intent.id, None) is not None and intent.kind is IntentKind.NOTIFY:
+                self.notifying -= 1
             # Claim again once a quarter of the slots are free (claims stay
             # batched under load), or when the last one finished.
-            if self.concurrency - len(self.running) >= max(1, self.concurrency // 4) or not self.running:
+            free, free_notify = self._free_slots()
+            if free >= max(1, self.concurrency // 4) or free_notify >= max(1, self.notify_concurrency // 4) \
+                    or not self.running:
                 self._due()
 
     async def _finish_batches(self) -> None:
@@ -231,6 +256,10 @@ class Settler:
         """An intent that failed too often: its job fails with a refund
         (never a silent drop). A cancel intent is simply dropped."""
         if intent.kind == IntentKind.CANCEL:
+            return Done()
+        if intent.kind == IntentKind.NOTIFY:
+            assert intent.delivery_id is not None
+            await notify.give_up(self.ctx, intent.delivery_id, intent.job_id)
             return Done()
         async with self.ctx.pool.acquire() as conn:
             job = await jobs.load(conn, intent.job_id)

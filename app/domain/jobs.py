@@ -22,8 +22,17 @@ import asyncpg
 from app import ids
 from app.capacity import NO_CAPS, Caps
 from app.db import JOBS_CHANNEL, OUTBOX_CHANNEL
-from app.domain import states
-from app.vocabulary import CLOSED_BY_CLOSE, SUBMITTED, TERMINAL, IntentKind, JobStatus, LedgerKind, sql_list
+from app.domain import notifications, states
+from app.vocabulary import (
+    CLOSED_BY_CLOSE,
+    SUBMITTED,
+    TERMINAL,
+    EventType,
+    IntentKind,
+    JobStatus,
+    LedgerKind,
+    sql_list,
+)
 
 
 class InsufficientCredits(Exception):
@@ -38,20 +47,24 @@ class IdempotencyConflict(Exception):
     pass
 
 
-def payload_digest(provider: str, model: str, input: Any, max_credits: int) -> bytes:
+def payload_digest(provider: str, model: str, input: Any, max_credits: int,
+                   metadata: Mapping[str, Any] | None = None) -> bytes:
     """A canonical digest of what was asked, to tell a replay from a
-    different request under the same idempotency key."""
-    canonical = json.dumps(
-        {"provider": provider, "model": model, "input": input, "max_credits": max_credits},
-        sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    different request under the same idempotency key. Metadata is part of
+    it when there is any (so the digests of jobs made without it, before
+    metadata existed, are unchanged)."""
+    asked: dict[str, Any] = {"provider": provider, "model": model, "input": input, "max_credits": max_credits}
+    if metadata:
+        asked["metadata"] = metadata
+    canonical = json.dumps(asked, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).digest()
 
 
 # --- creation ---------------------------------------------------------------
 
 # One statement: reserve credits and a slot (the owner row lock serializes an
-# owner's concurrent creates), insert the job, its ledger `reserve` row and its
-# `submit` intent, and wake the settlers.
+# owner's concurrent creates), insert the job, its ledger `reserve` row, its
+# `submit` intent and the first line of its timeline, and wake the settlers.
 CREATE = f"""
 with owner as (
     update owners set balance = balance - $5, reserved = reserved + $5, active = active + 1
@@ -59,19 +72,24 @@ with owner as (
     returning id
 ), job as (
     insert into jobs (id, owner_id, request_key, request_digest, provider, model, input,
-                      credits_reserved, deadline_at)
-    select $1, owner.id, $3, $4, $6, $7, $8, $5, now() + make_interval(secs => $9) from owner
+                      credits_reserved, deadline_at, metadata)
+    select $1, owner.id, $3, $4, $6, $7, $8, $5, now() + make_interval(secs => $9), $10 from owner
     returning *
 ), reserve as (
     insert into ledger (owner_id, job_id, kind, amount)
     select owner_id, id, '{LedgerKind.RESERVE}', credits_reserved from job
 ), intent as (
     insert into outbox (job_id, kind) select id, '{IntentKind.SUBMIT}' from job
+), line as (
+    insert into job_events (job_id, type, detail)
+    select id, '{EventType.CREATED}', jsonb_build_object('provider', provider, 'model', model,
+                                                         'max_credits', credits_reserved, 'metadata', metadata)
+    from job
 )
 select job.id, job.owner_id, job.status, job.provider, job.model, job.input, job.created_at,
        job.updated_at, job.finished_at, job.credits_reserved, job.credits_charged,
        job.credits_refunded, job.error_code, job.error_message, job.recheck_requested_at,
-       '[]'::json as outputs, pg_notify('{OUTBOX_CHANNEL}', '')
+       job.metadata, '[]'::json as outputs, pg_notify('{OUTBOX_CHANNEL}', '')
 from job
 """
 BY_REQUEST_KEY = "select id, request_digest from jobs where owner_id = $1 and request_key = $2"
@@ -87,8 +105,9 @@ class Created:
 
 async def create_job(pool: asyncpg.Pool, *, owner_id: str, request_key: str | None,
                      provider: str, model: str, input: Any, max_credits: int,
-                     give_up_after_s: float) -> Created:
-    digest = payload_digest(provider, model, input, max_credits)
+                     give_up_after_s: float, metadata: Mapping[str, Any] | None = None) -> Created:
+    metadata = dict(metadata or {})
+    digest = payload_digest(provider, model, input, max_credits, metadata)
     async with pool.acquire() as conn:
         if request_key is not None:
             existing = await _replay(conn, owner_id, request_key, digest)
@@ -97,7 +116,7 @@ async def create_job(pool: asyncpg.Pool, *, owner_id: str, request_key: str | No
         job_id = ids.new_job_id()
         try:
             row = await conn.fetchrow(CREATE, job_id, owner_id, request_key, digest, max_credits,
-                                      provider, model, input, float(give_up_after_s))
+                                      provider, model, input, float(give_up_after_s), metadata)
         except asyncpg.UniqueViolationError:
             # A concurrent request with the same key won the insert.
             assert request_key is not None  # only a keyed insert can collide
@@ -134,7 +153,7 @@ coalesce((select json_agg(json_build_object('index', a.index, 'content_type', a.
 _JOB_COLUMNS = f"""
 j.id, j.owner_id, j.status, j.provider, j.model, j.input, j.created_at, j.updated_at,
 j.finished_at, j.credits_reserved, j.credits_charged, j.credits_refunded, j.error_code,
-j.error_message, j.recheck_requested_at, {_OUTPUTS}
+j.error_message, j.recheck_requested_at, j.metadata, {_OUTPUTS}
 """
 GET = f"select {_JOB_COLUMNS} from jobs j where j.id = $1"
 # Authentication and the read in one round trip (the hot path of polling
@@ -187,7 +206,15 @@ async def load_many(conn, job_ids: list[str]) -> dict[str, asyncpg.Record]:
 # when a task may exist, $8.. assets (index, key, bytes, sha256, type, label),
 # $14 the usage measured (JSON array; null keeps what is there), $15 facts
 # to keep with the provider operation (a sync call's request id; null: none),
-# $16 how a success's charge was reached (app/pricing.py; null: none).
+# $16 how a success's charge was reached (app/pricing.py; null: none),
+# $17 wake a job waiting for the provider's capacity.
+# The job's timeline gets a line per output stored and one for the close;
+# the owner's endpoints get its notification (app/domain/notifications.py).
+_NEW_OUTPUTS = """(select coalesce(jsonb_agg(jsonb_build_object(
+        'index', a.index, 'content_type', a.content_type, 'bytes', a.bytes, 'sha256', a.sha256,
+        'label', a.label) order by a.index), '[]'::jsonb)
+    from unnest($8::int[], $9::text[], $10::bigint[], $11::text[], $12::text[], $13::text[])
+         as a(index, key, bytes, sha256, content_type, label))"""
 CLOSE = f"""
 with j as (
     update jobs set status = $2,
@@ -199,8 +226,7 @@ with j as (
                                   else coalesce(provider_operation, '{{}}'::jsonb) || $15::jsonb end,
         finished_at = now(), updated_at = now()
     where id = $1 and status = any($6::text[])
-    returning id, owner_id, provider, model, credits_reserved, credits_charged, credits_refunded,
-              provider_task_id, provider_call_started_at
+    returning *
 ), money as (
     insert into ledger (owner_id, job_id, kind, amount)
     select j.owner_id, j.id, e.kind, e.amount
@@ -220,7 +246,7 @@ with j as (
     insert into outbox (job_id, kind)
     select id, '{IntentKind.CANCEL}' from j
     where $7 and (provider_task_id is not null or provider_call_started_at is not null)
-    on conflict (job_id, kind) do nothing
+    on conflict (job_id, kind, delivery_id) do nothing
     returning 1
 ), stored as (
     insert into assets (job_id, index, storage_key, bytes, sha256, content_type, label)
@@ -244,11 +270,28 @@ with j as (
     update outbox o set not_before = least(o.not_before, now()), generation = o.generation + 1
     from waiting where o.id = waiting.id
     returning 1
-)
+), lines as (
+    insert into job_events (job_id, type, detail)
+    select job_id, type, detail from (
+        select j.id as job_id, '{EventType.OUTPUT_STORED}' as type, a.index as n,
+               jsonb_build_object('index', a.index, 'bytes', a.bytes, 'sha256', a.sha256,
+                                  'content_type', a.content_type, 'label', a.label) as detail
+        from j cross join unnest($8::int[], $10::bigint[], $11::text[], $12::text[], $13::text[])
+             as a(index, bytes, sha256, content_type, label)
+        union all
+        select j.id, '{EventType.CLOSED}', 2147483647,
+               jsonb_build_object('status', j.status, 'charged', j.credits_charged,
+                                  'refunded', j.credits_refunded, 'error_code', j.error_code,
+                                  'price_applied', j.price_applied)
+        from j
+    ) l order by n
+){notifications.written_with("j", f"case when cardinality($8::int[]) = 0 then {notifications.stored_outputs('j')} "
+                                  f"else {_NEW_OUTPUTS} end")}
 select j.id, j.owner_id, j.credits_charged, j.credits_refunded,
        pg_notify('{JOBS_CHANNEL}', j.id),
        exists (select 1 from provider_cancel) as cancel_queued,
        case when exists (select 1 from provider_cancel) or exists (select 1 from woken)
+                 or {notifications.WAKES_SETTLERS}
             then pg_notify('{OUTBOX_CHANNEL}', '') end
 from j
 """
@@ -317,7 +360,10 @@ async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_
 # is counted.
 _SUBMITTED_OF_PROVIDER = (f"select count(*) from jobs s where s.provider = j.provider "
                           f"and s.status in {sql_list(SUBMITTED)}")
+# The claim is the timeline's `submit_sent` (in_doubt: the last attempt's
+# answer was lost, so the task is looked up before any new call).
 BEGIN_SUBMIT = f"""
+with claimed as (
 update jobs j set status = '{JobStatus.SUBMITTING}', submit_in_doubt = true,
     provider_call_started_at = coalesce(j.provider_call_started_at, now()),
     submit_attempts = j.submit_attempts + 1, updated_at = now(),
@@ -329,6 +375,12 @@ where j.id = old.id and j.status in {sql_list((JobStatus.QUEUED, JobStatus.SUBMI
        or (($2::int is null or ({_SUBMITTED_OF_PROVIDER}) < $2)
            and ($4::int is null or ({_SUBMITTED_OF_PROVIDER} and s.capacity_entry = $3::text) < $4)))
 returning j.*, old.submit_in_doubt as was_in_doubt
+), line as (
+    insert into job_events (job_id, type, detail)
+    select id, '{EventType.SUBMIT_SENT}', jsonb_build_object('attempt', submit_attempts, 'in_doubt', was_in_doubt)
+    from claimed
+)
+select * from claimed
 """
 CAPACITY_LOCK = "select pg_advisory_xact_lock(hashtext('longcall-capacity:' || $1))"
 
@@ -352,36 +404,45 @@ SUBMIT_SETTLED = "update jobs set submit_in_doubt = false, last_error = $2, upda
 # submitting (or uncertain, when an operator resolves it) the job becomes
 # running and gets its first status check; if the job was closed meanwhile
 # (cancelled while we were submitting) the task id is still saved and the
-# provider is asked to cancel it.
+# provider is asked to cancel it. Either way the timeline says so; a job
+# now running is notified.
 SAVE_TASK = f"""
-with running as (
+with to_running as (
     update jobs set status = '{JobStatus.RUNNING}', provider_task_id = $2, provider_operation = $3,
         webhook_secret = $4, callback_registered = $5, submit_in_doubt = false,
         last_error = null, claimed_task_id = null, updated_at = now()
     where id = $1 and status = any($7::text[])
-    returning id
+    returning *
 ), closed as (
     update jobs set provider_task_id = $2, provider_operation = $3, submit_in_doubt = false,
         updated_at = now()
     where id = $1 and status in {sql_list(TERMINAL)}
-      and provider_task_id is null and not exists (select 1 from running)
+      and provider_task_id is null and not exists (select 1 from to_running)
     returning id
 ), first_check as (
     insert into outbox (job_id, kind, not_before)
-    select id, '{IntentKind.SETTLE}', now() + make_interval(secs => $6) from running
-    on conflict (job_id, kind) do update
+    select id, '{IntentKind.SETTLE}', now() + make_interval(secs => $6) from to_running
+    on conflict (job_id, kind, delivery_id) do update
         set not_before = least(outbox.not_before, excluded.not_before),
             generation = outbox.generation + 1
 ), provider_cancel as (
     insert into outbox (job_id, kind) select id, '{IntentKind.CANCEL}' from closed
-    on conflict (job_id, kind) do nothing
+    on conflict (job_id, kind, delivery_id) do nothing
     returning 1
-)
-select exists (select 1 from running) as now_running, exists (select 1 from closed) as on_closed_job,
+), line as (
+    insert into job_events (job_id, type, detail)
+    select id, '{EventType.TASK_SAVED}', jsonb_build_object('task_id', $2::text, 'job_was_closed', false)
+    from to_running
+    union all
+    select id, '{EventType.TASK_SAVED}', jsonb_build_object('task_id', $2::text, 'job_was_closed', true)
+    from closed
+){notifications.written_with("to_running", notifications.stored_outputs("to_running"))}
+select exists (select 1 from to_running) as now_running, exists (select 1 from closed) as on_closed_job,
        pg_notify('{JOBS_CHANNEL}', $1),
-       case when exists (select 1 from provider_cancel) then pg_notify('{OUTBOX_CHANNEL}', '') end,
+       case when exists (select 1 from provider_cancel) or {notifications.WAKES_SETTLERS}
+            then pg_notify('{OUTBOX_CHANNEL}', '') end,
        -- a timer: settlers learn when to wake (payload = due time, epoch s)
-       case when exists (select 1 from running) then pg_notify('{OUTBOX_CHANNEL}',
+       case when exists (select 1 from to_running) then pg_notify('{OUTBOX_CHANNEL}',
             extract(epoch from now() + make_interval(secs => $6))::text) end
 """
 
@@ -389,15 +450,27 @@ select exists (select 1 from running) as now_running, exists (select 1 from clos
 # a history look-up count from it), only while the job is still ours to call:
 # a job cancelled since its claim is never called.
 START_CALL = f"""
-update jobs set provider_call_started_at = now(), updated_at = now()
-where id = $1 and status = '{JobStatus.SUBMITTING}'
-returning provider_call_started_at
+with started as (
+    update jobs set provider_call_started_at = now(), updated_at = now()
+    where id = $1 and status = '{JobStatus.SUBMITTING}'
+    returning id, provider_call_started_at
+), line as (
+    insert into job_events (job_id, type, detail)
+    select id, '{EventType.CALL_STARTED}', '{{}}'::jsonb from started
+)
+select provider_call_started_at from started
 """
 
+# Notified (job.uncertain): an operator or the app has something to resolve.
 MARK_UNCERTAIN = f"""
-update jobs set status = '{JobStatus.UNCERTAIN}', last_error = $2, updated_at = now()
-where id = $1 and status = '{JobStatus.SUBMITTING}'
-returning id, pg_notify('{JOBS_CHANNEL}', id)
+with j as (
+    update jobs set status = '{JobStatus.UNCERTAIN}', last_error = $2, updated_at = now()
+    where id = $1 and status = '{JobStatus.SUBMITTING}'
+    returning *
+){notifications.written_with("j", notifications.stored_outputs("j"))}
+select id, pg_notify('{JOBS_CHANNEL}', id),
+       case when {notifications.WAKES_SETTLERS} then pg_notify('{OUTBOX_CHANNEL}', '') end
+from j
 """
 
 NOTE_ERROR = "update jobs set last_error = $2, updated_at = now() where id = $1"

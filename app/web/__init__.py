@@ -19,12 +19,13 @@ from app import db
 from app.capacity import capped_providers
 from app.config import Settings
 from app.domain import owners
+from app.download import system_resolver
 from app.metrics import Metrics
 from app.providers import build_providers, close_providers
 from app.signing.secretbox import SecretBox
 from app.storage import open_storage
 from app.vocabulary import ApiErrorCode
-from app.web import admin, health, jobs, models, openapi, webhooks
+from app.web import admin, health, jobs, models, notifications, openapi, webhooks
 from app.web.access_log import AccessLog
 from app.web.auth import require_owner
 from app.web.errors import ApiError, error_response
@@ -95,6 +96,13 @@ ROUTES = [
     Route("/v1/jobs/{job_id}/cancel", jobs.cancel_job, methods=["POST"]),
     Route("/v1/jobs/{job_id}/outputs/{index}", jobs.read_output, methods=["GET"]),
     Route("/v1/jobs/{job_id}/outputs/{index}", jobs.cors_preflight, methods=["OPTIONS"]),
+    Route("/v1/jobs/{job_id}/events", jobs.read_events, methods=["GET"]),
+    Route("/v1/jobs/{job_id}/events", jobs.cors_preflight, methods=["OPTIONS"]),
+    Route("/v1/webhook-endpoints", notifications.create_endpoint, methods=["POST"]),
+    Route("/v1/webhook-endpoints", notifications.list_endpoints, methods=["GET"]),
+    Route("/v1/webhook-endpoints/{endpoint_id}", notifications.delete_endpoint, methods=["DELETE"]),
+    Route("/v1/notifications", notifications.list_notifications, methods=["GET"]),
+    Route("/v1/notifications/{notification_id}/redeliver", notifications.redeliver, methods=["POST"]),
     Route("/v1/account", account, methods=["GET"]),
     Route("/v1/models", models.list_models, methods=["GET"]),
     Route("/v1/admin/jobs/{job_id}/resolve", admin.resolve_job, methods=["POST"]),
@@ -106,7 +114,8 @@ ROUTES = [
 ]
 
 
-def create_app(settings: Settings, *, pool_size: int = 20) -> Starlette:
+def create_app(settings: Settings, *, pool_size: int = 20, endpoint_resolver=system_resolver) -> Starlette:
+    """`endpoint_resolver`: how a registered endpoint's name is looked up (tests give a fake DNS)."""
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         state = app.state
@@ -115,6 +124,7 @@ def create_app(settings: Settings, *, pool_size: int = 20) -> Starlette:
         state.metrics = Metrics()
         state.caps = capped_providers(settings)  # for the gauges of /metrics
         state.secretbox = SecretBox(settings.secret_keys)
+        state.endpoint_resolver = endpoint_resolver
         state.pool = await db.create_pool(database_url, role="web", min_size=2,
                                           max_size=pool_size)
         state.providers = build_providers(settings, timeout_s=settings.provider_timeout_s)

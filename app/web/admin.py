@@ -8,11 +8,11 @@ from starlette.responses import JSONResponse, Response
 
 from app import ids
 from app.domain import jobs, recovery
+from app.jobjson import render_job
 from app.vocabulary import ApiErrorCode, JobStatus
 from app.web.auth import read_token_for
 from app.web.body import MAX_PROVIDER_TASK_ID, read_json_object
 from app.web.errors import ApiError, not_found
-from app.web.render import render_job
 
 
 def _require_admin(request: Request) -> None:

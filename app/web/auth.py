@@ -6,11 +6,10 @@ import time
 from starlette.requests import Request
 
 from app.domain import owners
-from app.signing.tokens import check_read_token, make_read_token
+from app.jobjson import read_token
+from app.signing.tokens import check_read_token
 from app.vocabulary import ApiErrorCode
 from app.web.errors import ApiError
-
-READ_TOKEN_TTL_S = 24 * 3600
 
 
 def bearer_key(request: Request) -> str:
@@ -33,8 +32,7 @@ def has_bearer(request: Request) -> bool:
 
 
 def read_token_for(request: Request, job_id: str) -> str:
-    settings = request.app.state.settings
-    return make_read_token(job_id, settings.secret_key, int(time.time()) + READ_TOKEN_TTL_S)
+    return read_token(job_id, request.app.state.settings.secret_key)
 
 
 def token_allows(request: Request, job_id: str) -> bool:

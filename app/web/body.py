@@ -26,6 +26,7 @@ MAX_JSON_DEPTH = 64             # the body object itself is level 1
 MAX_IDEMPOTENCY_KEY = 255       # characters, after stripping surrounding whitespace
 MAX_CREDITS = 10**12            # the most one job may reserve
 MAX_MODEL_LENGTH = 200
+MAX_METADATA_BYTES = 4096       # a job's metadata, as compact UTF-8 JSON
 MAX_PROVIDER_TASK_ID = 500      # an operator's `provider_task_id` (app/domain/recovery.py holds the same)
 MAX_WAIT_S = 30                 # `?wait=` on a job read
 MAX_LIST_LIMIT = 100            # `?limit=` on a list

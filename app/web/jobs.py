@@ -5,6 +5,7 @@ import base64
 import binascii
 import datetime as dt
 import json
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -12,7 +13,8 @@ from starlette.responses import JSONResponse, RedirectResponse, Response, Stream
 from app import ids
 from app.capacity import is_capped
 from app.config import PROVIDERS
-from app.domain import jobs, owners
+from app.domain import events, jobs, owners
+from app.jobjson import iso, render_job
 from app.storage import ObjectNotFound
 from app.vocabulary import ALL_STATUSES, TERMINAL, ApiErrorCode, JobStatus
 from app.web import outputs
@@ -21,6 +23,7 @@ from app.web.body import (
     MAX_CREDITS,
     MAX_CURSOR,
     MAX_LIST_LIMIT,
+    MAX_METADATA_BYTES,
     MAX_MODEL_LENGTH,
     MAX_WAIT_S,
     idempotency_key,
@@ -30,10 +33,10 @@ from app.web.body import (
     read_json_object,
 )
 from app.web.errors import ApiError, not_found
-from app.web.render import render_job
 from outbox.roads import read as read_road
 
 CREATE_FIELDS = ("provider", "model", "input", "max_credits")
+OPTIONAL_CREATE_FIELDS = ("metadata",)
 CORS = {"Access-Control-Allow-Origin": "*", "Vary": "Origin"}
 # What an output response may do once in a browser: nothing. `sandbox` gives
 # a document a unique opaque origin with scripts off; nosniff stops a browser
@@ -45,10 +48,10 @@ CURSOR_EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 CURSOR_LATEST = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
 
 
-def _validate_create(body: dict) -> tuple[str, str, dict, int]:
+def _validate_create(body: dict) -> tuple[str, str, dict, int, dict]:
     """The fields of a create body (already free of NULs, surrogates,
     non-finite numbers and deep nesting: app/web/body.py)."""
-    unknown = sorted(set(body) - set(CREATE_FIELDS))
+    unknown = sorted(set(body) - set(CREATE_FIELDS) - set(OPTIONAL_CREATE_FIELDS))
     if unknown:
         shown = ", ".join(json.dumps(name[:40]) for name in unknown[:5])
         raise invalid(f"unknown field(s): {shown}")
@@ -66,16 +69,22 @@ def _validate_create(body: dict) -> tuple[str, str, dict, int]:
         raise invalid("max_credits must be a whole number")
     if not 1 <= max_credits <= MAX_CREDITS:
         raise invalid(f"max_credits must be between 1 and {MAX_CREDITS}")
+    metadata = body.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise invalid("metadata must be a JSON object")
+    size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_METADATA_BYTES:
+        raise invalid(f"metadata is {size} bytes as compact JSON; at most {MAX_METADATA_BYTES} are kept")
     if provider not in PROVIDERS:
         raise ApiError(ApiErrorCode.UNKNOWN_PROVIDER,
                        f"unknown provider {json.dumps(provider[:40])}; known: {', '.join(PROVIDERS)}")
-    return provider, model, input_, max_credits
+    return provider, model, input_, max_credits, metadata
 
 
 async def create_job(request: Request) -> Response:
     owner_id = await require_owner(request)
     key = idempotency_key(request)
-    provider, model, input_, max_credits = _validate_create(await read_json_object(request))
+    provider, model, input_, max_credits, metadata = _validate_create(await read_json_object(request))
     built = request.app.state.providers  # `sim` only with SIM_URL set (app.providers.build_providers)
     if provider not in built:
         raise ApiError(ApiErrorCode.UNKNOWN_PROVIDER,
@@ -84,7 +93,7 @@ async def create_job(request: Request) -> Response:
     try:
         created = await jobs.create_job(
             request.app.state.pool, owner_id=owner_id, request_key=key, provider=provider,
-            model=model, input=input_, max_credits=max_credits,
+            model=model, input=input_, max_credits=max_credits, metadata=metadata,
             give_up_after_s=settings.give_up_after(provider, built[provider].facts_for(model).give_up_after_s,
                                                    model=model))
     except jobs.InsufficientCredits as e:
@@ -158,9 +167,10 @@ async def _maybe_recheck(request: Request, row) -> None:
         await read_road.ask_for_settle(request.app.state.pool, row["id"], settings.read_recheck_after_s)
 
 
-def decode_cursor(raw: str) -> tuple[dt.datetime, str]:
-    """A `next_cursor` we issued, back as (created_at in UTC, job id). A forged
-    one is a 400, whatever it holds: it never reaches PostgreSQL unbounded."""
+def decode_cursor(raw: str, is_id: Callable[[str], bool] = ids.is_job_id) -> tuple[dt.datetime, str]:
+    """A `next_cursor` we issued, back as (created_at in UTC, id) — a job's,
+    or whatever `is_id` accepts. A forged one is a 400, whatever it holds: it
+    never reaches PostgreSQL unbounded."""
     bad = invalid("cursor is not valid")
     if len(raw) > MAX_CURSOR:
         raise bad
@@ -171,7 +181,7 @@ def decode_cursor(raw: str) -> tuple[dt.datetime, str]:
     if not (isinstance(decoded, list) and len(decoded) == 2 and all(isinstance(v, str) for v in decoded)):
         raise bad
     created_at, job_id = decoded
-    if not ids.is_job_id(job_id):
+    if not is_id(job_id):
         raise bad
     try:
         parsed = dt.datetime.fromisoformat(created_at)
@@ -185,34 +195,44 @@ def decode_cursor(raw: str) -> tuple[dt.datetime, str]:
     return parsed, job_id
 
 
-def _encode_cursor(row) -> str:
+def encode_cursor(row) -> str:
     raw = json.dumps([row["created_at"].isoformat(), row["id"]]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-async def list_jobs(request: Request) -> Response:
-    owner_id = await require_owner(request)
-    unknown = sorted(set(request.query_params.keys()) - {"status", "limit", "cursor"})
+def refuse_unknown_parameters(request: Request, known: set[str]) -> None:
+    unknown = sorted(set(request.query_params.keys()) - known)
     if unknown:
         shown = ", ".join(json.dumps(name[:40]) for name in unknown[:5])
         raise invalid(f"unknown parameter(s): {shown}")
+
+
+def page_limit(request: Request, *, default: int = 20, maximum: int = MAX_LIST_LIMIT) -> int:
+    """`?limit=`: a whole number from 1 to `maximum`."""
+    raw = query_value(request, "limit")
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.isdigit():
+        raise invalid("limit must be a whole number")
+    limit = int(raw)
+    if not 1 <= limit <= maximum:
+        raise invalid(f"limit must be between 1 and {maximum}")
+    return limit
+
+
+async def list_jobs(request: Request) -> Response:
+    owner_id = await require_owner(request)
+    refuse_unknown_parameters(request, {"status", "limit", "cursor"})
     status = query_value(request, "status")
     if status is not None and status not in ALL_STATUSES:
         raise invalid(f"status must be one of {', '.join(ALL_STATUSES)}")
-    limit_raw = query_value(request, "limit")
-    if limit_raw is None:
-        limit_raw = "20"
-    if not limit_raw.isascii() or not limit_raw.isdigit():
-        raise invalid("limit must be a whole number")
-    limit = int(limit_raw)
-    if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise invalid(f"limit must be between 1 and {MAX_LIST_LIMIT}")
+    limit = page_limit(request)
     cursor = query_value(request, "cursor")
     after = decode_cursor(cursor) if cursor else None
     rows = await jobs.list_jobs(request.app.state.pool, owner_id, status=status, limit=limit + 1,
                                 after=after)
     page = rows[:limit]
-    next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None
+    next_cursor = encode_cursor(page[-1]) if len(rows) > limit else None
     return JSONResponse({"jobs": [render_job(r, read_token_for(request, r["id"])) for r in page],
                          "next_cursor": next_cursor})
 
@@ -260,6 +280,16 @@ async def read_output(request: Request) -> Response:
     headers["ETag"] = f'"{asset["sha256"]}"'
     headers["Content-Disposition"] = disposition
     return StreamingResponse(stream, media_type=content_type, headers=headers)
+
+
+async def read_events(request: Request) -> Response:
+    """The job's timeline, oldest first (app/domain/events.py)."""
+    job_id = request.path_params["job_id"]
+    _, via_token = await _readable_job(request, job_id)
+    async with request.app.state.pool.acquire() as conn:
+        lines = await events.timeline(conn, job_id)
+    body = {"events": [{"at": iso(e["at"]), "type": e["type"], "detail": e["detail"]} for e in lines]}
+    return JSONResponse(body, headers=CORS if via_token else None)
 
 
 async def cors_preflight(request: Request) -> Response:

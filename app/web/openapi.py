@@ -10,15 +10,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from app.config import PROVIDERS
-from app.ids import JOB_ID, OWNER_ID
+from app.delivery import MAX_URL_CHARS
+from app.domain.notifications import MAX_ENDPOINTS_PER_OWNER
+from app.ids import ENDPOINT_ID, JOB_ID, NOTIFICATION_ID, OWNER_ID
 from app.models_file import PRICE_UNITS
-from app.vocabulary import ALL_STATUSES, API_ERROR_STATUS, ApiErrorCode, JobError, JobStatus, ProviderKind
+from app.vocabulary import (
+    ALL_STATUSES,
+    API_ERROR_STATUS,
+    ApiErrorCode,
+    DeliveryStatus,
+    EventType,
+    JobError,
+    JobStatus,
+    NotificationType,
+    ProviderKind,
+)
 from app.web.body import (
     IDEMPOTENCY_KEY_PATTERN,
     MAX_CREDITS,
     MAX_CURSOR,
     MAX_IDEMPOTENCY_KEY,
     MAX_LIST_LIMIT,
+    MAX_METADATA_BYTES,
     MAX_MODEL_LENGTH,
     MAX_OUTPUT_INDEX_DIGITS,
     MAX_PROVIDER_TASK_ID,
@@ -85,7 +98,11 @@ SCHEMAS = {
                       "description": "not blank; no NUL, no lone surrogate"},
             "input": {"type": "object", "description": "any JSON object: no NUL, no lone surrogate, finite "
                                                        "numbers, the whole body nested at most 64 deep"},
-            "max_credits": {"type": "integer", "minimum": 1, "maximum": MAX_CREDITS}}},
+            "max_credits": {"type": "integer", "minimum": 1, "maximum": MAX_CREDITS},
+            "metadata": {"type": "object", "description": "anything the app wants echoed back (in the job, its "
+                                                          "notifications and its `created` event): at most "
+                                                          f"{MAX_METADATA_BYTES} bytes as compact UTF-8 JSON; "
+                                                          "never sent to a provider"}}},
     "Output": {
         "type": "object", "additionalProperties": False,
         "required": ["index", "url", "content_type", "bytes", "sha256", "label"],
@@ -98,7 +115,7 @@ SCHEMAS = {
     "Job": {
         "type": "object", "additionalProperties": False,
         "required": ["id", "owner_id", "status", "provider", "model", "input", "created_at", "updated_at",
-                     "finished_at", "credits", "outputs", "error", "status_url"],
+                     "finished_at", "credits", "outputs", "error", "metadata", "status_url"],
         "properties": {
             "id": {"type": "string", "pattern": JOB_ID.pattern},
             "owner_id": {"type": "string", "pattern": OWNER_ID.pattern},
@@ -117,6 +134,7 @@ SCHEMAS = {
                 "type": "object", "additionalProperties": False, "required": ["code", "message"],
                 "properties": {"code": {"type": "string", "enum": [c.value for c in JobError]},
                                "message": _STRING}}]},
+            "metadata": {"type": "object"},
             "status_url": _STRING}},
     "Account": {
         "type": "object", "additionalProperties": False,
@@ -139,6 +157,33 @@ SCHEMAS = {
                                "per": {"type": "string", "enum": list(PRICE_UNITS)}}}]},
             "give_up_after_s": {"type": "number"},
             "kind": {"type": "string", "enum": [k.value for k in ProviderKind]}}},
+    "Event": {
+        "type": "object", "additionalProperties": False, "required": ["at", "type", "detail"],
+        "properties": {"at": {"type": "string", "format": "date-time"},
+                       "type": {"type": "string", "enum": [t.value for t in EventType]},
+                       "detail": {"type": "object"}}},
+    "WebhookEndpoint": {
+        "type": "object", "additionalProperties": False, "required": ["id", "url", "events", "created_at"],
+        "properties": {"id": {"type": "string", "pattern": ENDPOINT_ID.pattern}, "url": _STRING,
+                       "events": {"type": "array", "items": {"type": "string",
+                                                             "enum": [t.value for t in NotificationType]}},
+                       "created_at": {"type": "string", "format": "date-time"}}},
+    "Notification": {
+        "type": "object", "additionalProperties": False,
+        "required": ["id", "type", "job_id", "created_at", "deliveries"],
+        "properties": {
+            "id": {"type": "string", "pattern": NOTIFICATION_ID.pattern},
+            "type": {"type": "string", "enum": [t.value for t in NotificationType]},
+            "job_id": {"type": "string", "pattern": JOB_ID.pattern},
+            "created_at": {"type": "string", "format": "date-time"},
+            "deliveries": {"type": "array", "items": {
+                "type": "object", "additionalProperties": False,
+                "required": ["endpoint_id", "status", "attempts", "last_status_code", "last_attempt_at"],
+                "properties": {"endpoint_id": {"type": "string", "pattern": ENDPOINT_ID.pattern},
+                               "status": {"type": "string", "enum": [s.value for s in DeliveryStatus]},
+                               "attempts": {"type": "integer", "minimum": 0},
+                               "last_status_code": {"type": ["integer", "null"]},
+                               "last_attempt_at": _NULLABLE_TIME}}}}},
     "Health": {"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean"},
                                                                   "database": _STRING}},
 }
@@ -275,6 +320,74 @@ PATHS = {
         "requestBody": {"required": False, "content": {"*/*": {"schema": {}}}},
         "responses": {"204": {"description": "accepted"},
                       **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, E.PAYLOAD_TOO_LARGE, *_DB)}}},
+    "/v1/jobs/{job_id}/events": {
+        "get": {
+            "operationId": "readJobEvents",
+            "summary": "The job's timeline, oldest first (API key, or its read token)",
+            "security": [{"bearer": []}, {}],
+            "parameters": [_JOB_ID, _TOKEN],
+            "responses": {"200": _json("the timeline", {
+                "type": "object", "additionalProperties": False, "required": ["events"],
+                "properties": {"events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}}}}),
+                **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, *_DB)}},
+        "options": {**_CORS_PREFLIGHT, "operationId": "eventsPreflight", "parameters": [_ANY_JOB_ID]},
+    },
+    "/v1/webhook-endpoints": {
+        "post": {
+            "operationId": "createWebhookEndpoint",
+            "summary": "Register a notification endpoint: https at a public address (or an origin in "
+                       f"NOTIFY_ALLOWED_ORIGINS); at most {MAX_ENDPOINTS_PER_OWNER} per owner. The secret "
+                       "is shown only here",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False, "required": ["url"],
+                "properties": {"url": {"type": "string", "minLength": 1, "maxLength": MAX_URL_CHARS},
+                               "events": {"type": ["array", "null"], "minItems": 1, "items": {
+                                   "type": "string", "enum": [t.value for t in NotificationType]},
+                                   "description": "default: every terminal event"}}}}}},
+            "responses": {
+                "201": _json("the endpoint, with its secret", {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["id", "url", "events", "created_at", "secret"],
+                    "properties": {**SCHEMAS["WebhookEndpoint"]["properties"],
+                                   "secret": {"type": "string", "pattern": "^whsec_[A-Za-z0-9+/]+=*$"}}}),
+                **_errors(E.INVALID_REQUEST, E.UNAUTHENTICATED, E.PAYLOAD_TOO_LARGE, *_DB)}},
+        "get": {
+            "operationId": "listWebhookEndpoints",
+            "summary": "The owner's endpoints (no secrets)",
+            "responses": {"200": _json("the endpoints, oldest first", {
+                "type": "object", "additionalProperties": False, "required": ["webhook_endpoints"],
+                "properties": {"webhook_endpoints": {
+                    "type": "array", "items": {"$ref": "#/components/schemas/WebhookEndpoint"}}}}),
+                **_errors(E.UNAUTHENTICATED, *_DB)}},
+    },
+    "/v1/webhook-endpoints/{endpoint_id}": {"delete": {
+        "operationId": "deleteWebhookEndpoint",
+        "summary": "Delete an endpoint: it gets nothing more, its pending deliveries fail",
+        "parameters": [{"name": "endpoint_id", "in": "path", "required": True, "schema": _STRING}],
+        "responses": {"204": {"description": "deleted"}, **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, *_DB)}}},
+    "/v1/notifications": {"get": {
+        "operationId": "listNotifications",
+        "summary": "The owner's notifications, newest first, with each delivery's state",
+        "parameters": [
+            {"name": "job_id", "in": "query", "required": False,
+             "schema": {"type": "string", "pattern": JOB_ID.pattern}},
+            {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": 20}},
+            {"name": "cursor", "in": "query", "required": False, "description": "a next_cursor from a page",
+             "schema": {"type": "string", "maxLength": MAX_CURSOR}}],
+        "responses": {"200": _json("a page of notifications", {
+            "type": "object", "additionalProperties": False, "required": ["notifications", "next_cursor"],
+            "properties": {"notifications": {"type": "array",
+                                             "items": {"$ref": "#/components/schemas/Notification"}},
+                           "next_cursor": {"type": ["string", "null"]}}}),
+            **_errors(E.INVALID_REQUEST, E.UNAUTHENTICATED, *_DB)}}},
+    "/v1/notifications/{notification_id}/redeliver": {"post": {
+        "operationId": "redeliverNotification",
+        "summary": "Queue a delivered or failed notification again (the same id, a new 24 h)",
+        "parameters": [{"name": "notification_id", "in": "path", "required": True, "schema": _STRING}],
+        "responses": {"202": _json("the notification, its deliveries pending again",
+                                   {"$ref": "#/components/schemas/Notification"}),
+                      **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, E.INVALID_STATE, *_DB)}}},
     "/healthz": {"get": {"operationId": "healthz", "summary": "Liveness", "security": [],
                          "responses": {"200": _json("alive", {"$ref": "#/components/schemas/Health"})}}},
     "/readyz": {"get": {"operationId": "readyz", "summary": "Database reachable", "security": [],

@@ -18,7 +18,7 @@ from app.domain import jobs
 from app.providers.base import Provider, WebhookRequest
 from app.signing.secretbox import SecretBox
 from app.signing.tokens import check_capability_token
-from app.vocabulary import TERMINAL, IntentKind, JobStatus
+from app.vocabulary import TERMINAL, EventType, IntentKind, JobStatus
 from outbox import intents
 
 LOAD = "select status, provider_task_id, webhook_secret from jobs where id = $1 and provider = $2"
@@ -55,9 +55,9 @@ async def accept(pool, provider: Provider, secretbox: SecretBox, keys: Sequence[
             return True  # accepted; the end will come (its own webhook, or a timer)
         # One statement: requested only if the job is still open (closed
         # while we verified: nothing to do).
-        return await intents.request(pool, job_id, IntentKind.SETTLE)
+        return await intents.request(pool, job_id, IntentKind.SETTLE, line=EventType.WEBHOOK_ACCEPTED)
     async with pool.acquire() as conn, conn.transaction():
         # The claim and its settle request together (the claim's statement
         # re-checks the job under its row lock).
         await jobs.claim_task(conn, job_id, claimed)
-        return await intents.request(conn, job_id, IntentKind.SETTLE)
+        return await intents.request(conn, job_id, IntentKind.SETTLE, line=EventType.WEBHOOK_ACCEPTED)
