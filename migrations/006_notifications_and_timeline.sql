@@ -53,6 +53,16 @@ create table deliveries (
 );
 create index deliveries_endpoint on deliveries (endpoint_id) where status = 'pending';
 
+-- Every attempt, for support ("what did my endpoint answer?"): at most a few
+-- dozen per delivery over its 24 h.
+create table delivery_attempts (
+    delivery_id  bigint not null references deliveries (id),
+    at           timestamptz not null default now(),
+    status_code  integer,
+    error        text check (length(error) <= 300)
+);
+create index delivery_attempts_delivery on delivery_attempts (delivery_id, at);
+
 -- The job's timeline: small rows, appended by the statements that do the work.
 create table job_events (
     id      bigserial primary key,

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 
-from app.delivery import EndpointRefused, SendFailed, is_delivered, next_attempt_in, signed_headers
+from app.delivery import RETRY_FOR_S, EndpointRefused, SendFailed, is_delivered, next_attempt_in, signed_headers
 from app.domain import notifications
 from app.download import HostBusy
 from app.jobjson import iso, read_token, render_job, row_of_snapshot
@@ -53,12 +53,14 @@ async def notify(ctx: Context, delivery_id: int) -> Outcome:
     now = time.time()
     elapsed = now - row["retry_from"].timestamp()
     if row["deleted_at"] is not None:
-        await _record(ctx, delivery_id, job_id, DeliveryStatus.FAILED, None, "the endpoint was deleted")
+        await _end(ctx, delivery_id, job_id, "the endpoint was deleted")
+        return DONE
+    if elapsed > RETRY_FOR_S:  # its intent outlived the 24 h (settlers down for a day)
+        await _end(ctx, delivery_id, job_id, "not delivered within 24 h")
         return DONE
     secret = ctx.secretbox.decrypt(row["secret"], row["endpoint_id"])
     if secret is None:  # SECRET_KEY rotated away from the key that sealed it
-        await _record(ctx, delivery_id, job_id, DeliveryStatus.FAILED, None,
-                      "the endpoint's secret cannot be read with this SECRET_KEY")
+        await _end(ctx, delivery_id, job_id, "the endpoint's secret cannot be read with this SECRET_KEY")
         return DONE
     body = notification_body(row, ctx.settings.secret_key, now)
     headers = signed_headers(secret, row["notification_id"], int(now), body)
@@ -88,7 +90,14 @@ async def notify(ctx: Context, delivery_id: int) -> Outcome:
 
 async def give_up(ctx: Context, delivery_id: int, job_id: str) -> None:
     """The intent failed too often with errors of our own (not the endpoint's)."""
-    await _record(ctx, delivery_id, job_id, DeliveryStatus.FAILED, None, "gave up after repeated errors")
+    await _end(ctx, delivery_id, job_id, "gave up after repeated errors")
+
+
+async def _end(ctx: Context, delivery_id: int, job_id: str, why: str) -> None:
+    """Fail the delivery without a request."""
+    async with ctx.pool.acquire() as conn:
+        await notifications.record_attempt(conn, delivery_id, job_id, DeliveryStatus.FAILED, None, why,
+                                           attempted=False)
 
 
 async def _record(ctx: Context, delivery_id: int, job_id: str, status: DeliveryStatus, status_code: int | None,

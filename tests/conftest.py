@@ -20,8 +20,8 @@ from app.embedded import EmbeddedPostgres
 from app.migrate import migrate
 from tests.support.loopback import serve_in_loop
 
-TABLES = ("outbox, deliveries, notifications, webhook_endpoints, job_events, assets, ledger, jobs, api_keys, owners, "
-          "provider_pauses")
+TABLES = ("outbox, delivery_attempts, deliveries, notifications, webhook_endpoints, job_events, assets, ledger, "
+          "jobs, api_keys, owners, provider_pauses")
 
 
 @pytest.fixture(scope="session")

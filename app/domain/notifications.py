@@ -1,6 +1,7 @@
 """Notifications to the client: endpoints, notifications, deliveries.
 
-Owns the `webhook_endpoints`, `notifications` and `deliveries` tables.
+Owns the `webhook_endpoints`, `notifications`, `deliveries` and
+`delivery_attempts` tables.
 
 A notification is never written on its own: `written_with` gives the CTEs
 that the statement moving a job (app/domain/jobs.py: running, uncertain,
@@ -197,14 +198,21 @@ where d.id = $1
 """
 
 # One attempt's result. $3 the new status, $4 status code (null: no answer),
-# $5 a short error. A delivery that ends (delivered or failed) adds its line
-# to the job's timeline in the same statement.
+# $5 a short error, $6 whether a request was made (false: the delivery ends
+# without one — its endpoint deleted, its 24 h out). The attempt is kept in `delivery_attempts`; a delivery
+# that ends (delivered or failed) adds its line to the job's timeline, all in
+# the same statement.
 RECORD_ATTEMPT = f"""
 with d as (
-    update deliveries set status = $3, attempts = attempts + 1, last_status_code = $4,
-        last_attempt_at = now(), last_error = $5
+    update deliveries set status = $3, attempts = attempts + case when $6::boolean then 1 else 0 end,
+        last_error = $5,
+        last_status_code = case when $6 then $4 else last_status_code end,
+        last_attempt_at = case when $6 then now() else last_attempt_at end
     where id = $1 and status = '{DeliveryStatus.PENDING}'
     returning id, notification_id, endpoint_id, status, attempts
+), attempt as (
+    insert into delivery_attempts (delivery_id, status_code, error)
+    select id, $4, $5 from d where $6
 ), line as (
     insert into job_events (job_id, type, detail)
     select $2, case d.status when '{DeliveryStatus.DELIVERED}' then '{EventType.NOTIFICATION_DELIVERED}'
@@ -222,8 +230,8 @@ async def load_delivery(conn, delivery_id: int) -> asyncpg.Record | None:
 
 
 async def record_attempt(conn, delivery_id: int, job_id: str, status: DeliveryStatus, status_code: int | None,
-                         error: str | None) -> int | None:
+                         error: str | None, *, attempted: bool = True) -> int | None:
     """The delivery's attempt count after this one; None when it was no
     longer pending (delivered or ended by another worker meanwhile)."""
     return await conn.fetchval(RECORD_ATTEMPT, delivery_id, job_id, status, status_code,
-                               error[:300] if error else None)
+                               error[:300] if error else None, attempted)

@@ -86,6 +86,8 @@ async def test_two_failures_then_success_is_three_attempts_under_one_id(web, mak
             assert n["deliveries"][0]["status"] == "delivered" and n["deliveries"][0]["attempts"] == 3
             bodies = {json.loads(r.body)["id"] for r in rx.receiver.received}
             assert bodies == {n["id"]}
+        codes = await db.fetch("select status_code from delivery_attempts order by at")
+        assert [r["status_code"] for r in codes] == [500, 500, 204]  # each attempt kept
 
 
 async def test_no_endpoint_no_notification_and_a_refused_create_writes_none(web, make_owner, db, sim,
