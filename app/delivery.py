@@ -29,18 +29,19 @@ from dataclasses import dataclass
 import httpx
 
 from app.download import (
+    DownloadError,
     DownloadPolicy,
     Refused,
     Resolver,
     describe,
     is_public_address,
     pinned_request,
+    resolve_allowed,
     system_resolver,
 )
 from app.download import check_url as check_download_url
 from app.download import origin as origin_of_url
 from app.http_transport import AsyncioTransport
-from app.origins import DEFAULT_PORTS
 from app.signing.webhooks import sign_standard_webhooks
 
 SEND_TIMEOUT_S = 15.0  # no answer within this: a failed attempt
@@ -101,25 +102,12 @@ async def resolve_checked(url: httpx.URL, allowed_origins: frozenset[str], resol
     origin is allowed. EndpointRefused if any is not; SendFailed when DNS
     does not answer."""
     allowed = origin_of_url(url) in allowed_origins
-    port = url.port or DEFAULT_PORTS[url.scheme]
     try:
-        async with asyncio.timeout(SEND_TIMEOUT_S):
-            answers = await resolve(url.host, port)
-    except (TimeoutError, OSError, UnicodeError):
-        raise SendFailed(f"could not resolve {describe(url)}") from None
-    addresses: list[str] = []
-    for answer in answers:
-        try:
-            ip = ipaddress.ip_address(answer)
-        except ValueError:
-            raise EndpointRefused(f"{describe(url)} resolved to something that is not an address") from None
-        if not allowed and not is_public_address(ip):
-            raise EndpointRefused(f"{describe(url)} resolves to a non-public address ({ip})")
-        if answer not in addresses:
-            addresses.append(answer)
-    if not addresses:
-        raise SendFailed(f"could not resolve {describe(url)}")
-    return addresses
+        return await resolve_allowed(url, resolve, SEND_TIMEOUT_S, lambda ip: allowed or is_public_address(ip))
+    except Refused as e:
+        raise EndpointRefused(str(e).removeprefix("refused: ")) from None
+    except DownloadError as e:
+        raise SendFailed(str(e)) from None
 
 
 async def check_resolved(url: httpx.URL, allowed_origins: frozenset[str], resolve: Resolver) -> None:

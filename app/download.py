@@ -262,13 +262,17 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
-async def _resolve_checked(url: httpx.URL, policy: DownloadPolicy, resolve: Resolver) -> list[str]:
-    """Resolve once; every address must be public (or loopback, for an
-    origin the policy allows over plain http: the provider's own simulator)."""
-    loopback_ok = origin(url) in policy.plain_http_origins
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+async def resolve_allowed(url: httpx.URL, resolve: Resolver, timeout_s: float,
+                          may_connect: Callable[[Address], bool]) -> list[str]:
+    """Resolve once; the distinct addresses, each one `may_connect` allows.
+    Refused if any answer is not allowed (or not an address), DownloadError
+    when DNS does not answer. Shared by downloads and notification deliveries."""
     port = url.port or DEFAULT_PORTS[url.scheme]
     try:
-        async with asyncio.timeout(policy.connect_timeout_s):
+        async with asyncio.timeout(timeout_s):
             answers = await resolve(url.host, port)
     except TimeoutError:
         raise DownloadError(f"DNS lookup timed out for {describe(url)}") from None
@@ -280,13 +284,21 @@ async def _resolve_checked(url: httpx.URL, policy: DownloadPolicy, resolve: Reso
             ip = ipaddress.ip_address(answer)
         except ValueError:
             raise Refused(f"refused: {describe(url)} resolved to something that is not an address") from None
-        if not (is_public_address(ip) or (loopback_ok and _is_loopback(ip))):
+        if not may_connect(ip):
             raise Refused(f"refused: {describe(url)} resolves to a non-public address ({ip})")
         if answer not in addresses:
             addresses.append(answer)
     if not addresses:
         raise DownloadError(f"could not resolve {describe(url)}")
     return addresses
+
+
+async def _resolve_checked(url: httpx.URL, policy: DownloadPolicy, resolve: Resolver) -> list[str]:
+    """Every address must be public (or loopback, for an origin the policy
+    allows over plain http: the provider's own simulator)."""
+    loopback_ok = origin(url) in policy.plain_http_origins
+    return await resolve_allowed(url, resolve, policy.connect_timeout_s,
+                                 lambda ip: is_public_address(ip) or (loopback_ok and _is_loopback(ip)))
 
 
 def pinned_request(client: httpx.AsyncClient, url: httpx.URL, ip: str,
