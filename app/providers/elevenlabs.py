@@ -119,13 +119,13 @@ from app.providers.base import (
     claimed_id,
 )
 from app.providers.http import (
-    MAX_ERROR_BODY,
     Clients,
     Secrets,
     ended,
     host_of,
     json_object,
     read_call,
+    read_error_body,
     streamed_read,
     submit_call,
     sync_call,
@@ -403,16 +403,11 @@ def is_audio(content_type: str | None) -> bool:
 
 async def _read_small(response: httpx.Response) -> httpx.Response:
     """At most MAX_ERROR_BODY bytes of a response, as a response to read its reason from."""
-    body = bytearray()
     try:
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) >= MAX_ERROR_BODY:
-                break
+        return await read_error_body(response)
     except httpx.HTTPError:
-        pass
-    return httpx.Response(response.status_code, headers={"content-type": response.headers.get("content-type", "")},
-                          content=bytes(body[:MAX_ERROR_BODY]))
+        return httpx.Response(response.status_code,
+                              headers={"content-type": response.headers.get("content-type", "")})
 
 
 def answered(file: OutputFile, characters: float, request_id: Any, secrets: Secrets) -> Observation:

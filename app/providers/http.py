@@ -327,6 +327,20 @@ def read_failure(response: httpx.Response, provider: str, *, secrets: Secrets,
 MAX_ERROR_BODY = 64 * 1024
 
 
+async def read_error_body(response: httpx.Response) -> httpx.Response:
+    """At most MAX_ERROR_BODY bytes of an open error answer, as a small
+    response to read its reason from (with only the headers that reading
+    needs: the body is already decoded). httpx.HTTPError while reading is
+    the caller's to map."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) >= MAX_ERROR_BODY:
+            break
+    headers = {k: response.headers[k] for k in ("content-type", "retry-after") if k in response.headers}
+    return httpx.Response(response.status_code, headers=headers, content=bytes(body[:MAX_ERROR_BODY]))
+
+
 @contextlib.asynccontextmanager
 async def streamed_read(
     client: httpx.AsyncClient,
@@ -350,17 +364,10 @@ async def streamed_read(
         raise Transient(f"{provider}: request failed ({type(exc).__name__})") from None
     try:
         if not 200 <= response.status_code < 300:
-            body = bytearray()
             try:
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) >= MAX_ERROR_BODY:
-                        break
+                read = await read_error_body(response)
             except httpx.HTTPError as exc:
                 raise Transient(f"{provider}: request failed ({type(exc).__name__})") from None
-            # Only the headers reading it needs: the body is already decoded.
-            headers = {k: response.headers[k] for k in ("content-type", "retry-after") if k in response.headers}
-            read = httpx.Response(response.status_code, headers=headers, content=bytes(body[:MAX_ERROR_BODY]))
             raise read_failure(read, provider, secrets=secrets, not_found=not_found, retry_hint=retry_hint)
         yield response
     finally:
@@ -411,16 +418,11 @@ async def sync_call(
     try:
         status = response.status_code
         if not 200 <= status < 300:
-            body = bytearray()
             try:
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) >= MAX_ERROR_BODY:
-                        break
-            except httpx.HTTPError:
-                pass  # the status says what happened; the message is a courtesy
-            headers = {k: response.headers[k] for k in ("content-type", "retry-after") if k in response.headers}
-            read = httpx.Response(status, headers=headers, content=bytes(body[:MAX_ERROR_BODY]))
+                read = await read_error_body(response)
+            except httpx.HTTPError:  # the status says what happened; the message is a courtesy
+                read = httpx.Response(status, headers={k: response.headers[k] for k in ("retry-after",)
+                                                       if k in response.headers})
             raise call_failure(read, provider, secrets=secrets)
         yield response
     finally:
