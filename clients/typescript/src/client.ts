@@ -1,0 +1,267 @@
+// The client: one resource object per part of the API, each method one documented route.
+// Methods return the API's JSON as it is (snake_case fields), typed in ./types.ts.
+
+import { ConnectionError, LongcallError } from "./errors.js";
+import { type FetchLike, Transport, sleep } from "./http.js";
+import type {
+  Account,
+  CreatedWebhookEndpoint,
+  Job,
+  JobEvents,
+  JobList,
+  JobStatus,
+  ModelList,
+  NotificationEventType,
+  Notification,
+  NotificationList,
+  WebhookEndpointList,
+} from "./types.js";
+import { isTerminal } from "./types.js";
+
+export interface ClientOptions {
+  /** The longcall server, e.g. "https://longcall.example.com". */
+  baseUrl: string;
+  apiKey: string;
+  /** A platform key's default owner (`own_…`), sent as `Longcall-Owner` on every call. */
+  owner?: string;
+  /** Defaults to the global fetch. */
+  fetch?: FetchLike;
+  /** Per request (a long poll adds its wait to it); default 60 000. */
+  timeoutMs?: number;
+  /** Retries of a safe call after a connection error, a 503, or a 429 with Retry-After; default 3. */
+  maxRetries?: number;
+}
+
+/** Accepted by every call. */
+export interface CallOptions {
+  /** Act for this owner (`Longcall-Owner`): a platform key only. Overrides the client's `owner`. */
+  owner?: string;
+  signal?: AbortSignal;
+  timeoutMs?: number;
+}
+
+export interface CreateJobParams extends CallOptions {
+  provider: string;
+  model: string;
+  input: Record<string, unknown>;
+  /** Credits reserved for the job (integer ≥ 1); the unused part is refunded. */
+  maxCredits: number;
+  metadata?: Record<string, unknown>;
+  /** Sent as `Idempotency-Key`; a random UUID when omitted, reused by the client's own retries. */
+  idempotencyKey?: string;
+}
+
+export interface ListJobsParams extends CallOptions {
+  status?: JobStatus;
+  limit?: number;
+  cursor?: string | null;
+}
+
+export interface WaitOptions extends CallOptions {
+  /** Give up waiting after this long and return the job as it is; default 10 minutes. */
+  timeoutMs?: number;
+}
+
+export interface CreateWebhookEndpointParams extends CallOptions {
+  url: string;
+  events?: NotificationEventType[];
+}
+
+export interface ListNotificationsParams extends CallOptions {
+  jobId?: string;
+  limit?: number;
+  cursor?: string | null;
+}
+
+/** The longest `?wait=` the server holds a read (CONTRACT.md). */
+export const MAX_WAIT_S = 30;
+const DEFAULT_WAIT_TIMEOUT_MS = 10 * 60_000;
+// A long poll answered at once without a change must not become a tight loop.
+const MIN_POLL_INTERVAL_S = 0.1;
+
+export class Client {
+  readonly jobs: Jobs;
+  readonly account: AccountResource;
+  readonly models: Models;
+  readonly webhookEndpoints: WebhookEndpoints;
+  readonly notifications: Notifications;
+
+  constructor(options: ClientOptions) {
+    const transport = new Transport(options);
+    this.jobs = new Jobs(transport);
+    this.account = new AccountResource(transport);
+    this.models = new Models(transport);
+    this.webhookEndpoints = new WebhookEndpoints(transport);
+    this.notifications = new Notifications(transport);
+  }
+}
+
+function common(options: CallOptions = {}) {
+  return { owner: options.owner, signal: options.signal, timeoutMs: options.timeoutMs };
+}
+
+function segment(value: string, name: string): string {
+  if (typeof value !== "string" || value === "") throw new TypeError(`${name} must be a non-empty string`);
+  return encodeURIComponent(value);
+}
+
+export class Jobs {
+  constructor(private readonly http: Transport) {}
+
+  /** POST /v1/jobs. The same key and payload give back the same job (200), never a second one. */
+  create(params: CreateJobParams): Promise<Job> {
+    const body: Record<string, unknown> = {
+      provider: params.provider,
+      model: params.model,
+      input: params.input,
+      max_credits: params.maxCredits,
+    };
+    if (params.metadata !== undefined) body.metadata = params.metadata;
+    const key = params.idempotencyKey ?? globalThis.crypto.randomUUID();
+    return this.http.json<Job>({
+      method: "POST", path: "/v1/jobs", body, headers: { "Idempotency-Key": key }, retry: true, ...common(params),
+    });
+  }
+
+  get(jobId: string, options: CallOptions = {}): Promise<Job> {
+    return this.http.json<Job>({ method: "GET", path: `/v1/jobs/${segment(jobId, "jobId")}`, retry: true,
+      ...common(options) });
+  }
+
+  list(params: ListJobsParams = {}): Promise<JobList> {
+    return this.http.json<JobList>({
+      method: "GET", path: "/v1/jobs", query: { status: params.status, limit: params.limit, cursor: params.cursor },
+      retry: true, ...common(params),
+    });
+  }
+
+  /** Long-polls the job (`?wait=`, at most 30 s a request) until it is terminal or `timeoutMs` has
+   * passed, and returns it either way: check `status`. */
+  async wait(jobId: string, options: WaitOptions = {}): Promise<Job> {
+    const path = `/v1/jobs/${segment(jobId, "jobId")}`;
+    const deadline = Date.now() + (options.timeoutMs ?? DEFAULT_WAIT_TIMEOUT_MS);
+    const perRequestMs = this.http.timeoutMs;
+    for (;;) {
+      const leftMs = deadline - Date.now();
+      // Whole seconds, at least 1: the last poll may overrun the deadline by under a second.
+      const waitS = Math.max(1, Math.min(MAX_WAIT_S, Math.floor(leftMs / 1000)));
+      const started = Date.now();
+      const job = await this.http.json<Job>({
+        method: "GET", path, query: { wait: leftMs > 0 ? waitS : undefined }, retry: true,
+        owner: options.owner, signal: options.signal, timeoutMs: perRequestMs + waitS * 1000,
+      });
+      if (isTerminal(job.status) || Date.now() >= deadline) return job;
+      const tookS = (Date.now() - started) / 1000;
+      if (tookS < MIN_POLL_INTERVAL_S) await sleep(MIN_POLL_INTERVAL_S - tookS);
+    }
+  }
+
+  /** POST /v1/jobs/{id}/cancel: cancelled and fully refunded; InvalidStateError when already terminal.
+   * Not retried on its own: a lost answer to a cancel that worked would come back as invalid_state. */
+  cancel(jobId: string, options: CallOptions = {}): Promise<Job> {
+    return this.http.json<Job>({ method: "POST", path: `/v1/jobs/${segment(jobId, "jobId")}/cancel`,
+      ...common(options) });
+  }
+
+  /** The bytes of output `index`. A 302 to a presigned URL is followed without our Authorization
+   * and Longcall-Owner headers: the URL carries its own short-lived signature. */
+  async download(jobId: string, index: number, options: CallOptions = {}): Promise<Uint8Array> {
+    if (!Number.isSafeInteger(index) || index < 0) throw new TypeError("index must be a whole number ≥ 0");
+    const call = {
+      method: "GET" as const, path: `/v1/jobs/${segment(jobId, "jobId")}/outputs/${index}`, retry: true,
+      acceptRedirect: true, ...common(options),
+    };
+    const first = await this.http.send(call);
+    if (first.type === "opaqueredirect") {
+      // Browsers hide a manual redirect's Location; there is no way to follow it without our headers.
+      throw new LongcallError("unexpected_response", `GET ${call.path}: a redirect this runtime cannot read`, 0);
+    }
+    if (first.status < 300) return new Uint8Array(await first.arrayBuffer());
+    const location = first.headers.get("location");
+    await first.body?.cancel();
+    if (!location) throw new LongcallError("unexpected_response", `GET ${call.path}: a redirect without Location`,
+      first.status);
+    return this.fetchPresigned(new URL(location, this.http.url(call)), call.path, options);
+  }
+
+  private async fetchPresigned(url: URL, path: string, options: CallOptions): Promise<Uint8Array> {
+    const timeout = AbortSignal.timeout(options.timeoutMs ?? this.http.timeoutMs);
+    const signal = options.signal ? AbortSignal.any([timeout, options.signal]) : timeout;
+    let response: Response;
+    try {
+      response = await this.http.fetch(url.toString(), { method: "GET", signal });
+    } catch (err) {
+      if (options.signal?.aborted) throw options.signal.reason;
+      // The URL is a bearer credential for a minute: it stays out of messages.
+      throw new ConnectionError("connection_error", `GET ${path}: the storage server did not answer`, 0,
+        { cause: err });
+    }
+    if (!response.ok) {
+      await response.body?.cancel();
+      throw new LongcallError("unexpected_response", `GET ${path}: the storage server answered HTTP ${response.status}`,
+        response.status);
+    }
+    return new Uint8Array(await response.arrayBuffer());
+  }
+
+  /** GET /v1/jobs/{id}/events: the job's timeline, oldest first. */
+  events(jobId: string, options: CallOptions = {}): Promise<JobEvents> {
+    return this.http.json<JobEvents>({ method: "GET", path: `/v1/jobs/${segment(jobId, "jobId")}/events`,
+      retry: true, ...common(options) });
+  }
+}
+
+export class AccountResource {
+  constructor(private readonly http: Transport) {}
+
+  get(options: CallOptions = {}): Promise<Account> {
+    return this.http.json<Account>({ method: "GET", path: "/v1/account", retry: true, ...common(options) });
+  }
+}
+
+export class Models {
+  constructor(private readonly http: Transport) {}
+
+  list(options: CallOptions = {}): Promise<ModelList> {
+    return this.http.json<ModelList>({ method: "GET", path: "/v1/models", retry: true, ...common(options) });
+  }
+}
+
+export class WebhookEndpoints {
+  constructor(private readonly http: Transport) {}
+
+  /** The answer holds the endpoint's `secret`, shown only here. Not retried: a retry could make two. */
+  create(params: CreateWebhookEndpointParams): Promise<CreatedWebhookEndpoint> {
+    const body: Record<string, unknown> = { url: params.url };
+    if (params.events !== undefined) body.events = params.events;
+    return this.http.json<CreatedWebhookEndpoint>({ method: "POST", path: "/v1/webhook-endpoints", body,
+      ...common(params) });
+  }
+
+  list(options: CallOptions = {}): Promise<WebhookEndpointList> {
+    return this.http.json<WebhookEndpointList>({ method: "GET", path: "/v1/webhook-endpoints", retry: true,
+      ...common(options) });
+  }
+
+  async delete(endpointId: string, options: CallOptions = {}): Promise<void> {
+    await this.http.json<undefined>({ method: "DELETE",
+      path: `/v1/webhook-endpoints/${segment(endpointId, "endpointId")}`, ...common(options) });
+  }
+}
+
+export class Notifications {
+  constructor(private readonly http: Transport) {}
+
+  list(params: ListNotificationsParams = {}): Promise<NotificationList> {
+    return this.http.json<NotificationList>({ method: "GET", path: "/v1/notifications",
+      query: { job_id: params.jobId, limit: params.limit, cursor: params.cursor }, retry: true, ...common(params) });
+  }
+
+  /** Queues the notification's deliveries again (the same `webhook-id`: receivers deduplicate on it) and
+   * answers the notification. InvalidStateError when there is nothing to send again (each delivery
+   * still pending, or its endpoint deleted). */
+  redeliver(notificationId: string, options: CallOptions = {}): Promise<Notification> {
+    return this.http.json<Notification>({ method: "POST",
+      path: `/v1/notifications/${segment(notificationId, "notificationId")}/redeliver`, ...common(options) });
+  }
+}

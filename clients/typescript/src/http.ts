@@ -1,0 +1,192 @@
+// One HTTP exchange with longcall: headers, timeout, bounded retries, and the API's errors as exceptions.
+
+import { ConnectionError, LongcallError, apiError } from "./errors.js";
+
+export type FetchLike = (input: string | URL, init?: RequestInit) => Promise<Response>;
+
+export interface TransportOptions {
+  baseUrl: string;
+  apiKey: string;
+  owner?: string | undefined;
+  fetch?: FetchLike | undefined;
+  timeoutMs?: number | undefined;
+  maxRetries?: number | undefined;
+}
+
+export interface Call {
+  method: "GET" | "POST" | "DELETE";
+  /** Path under the base URL, its parameters already encoded. */
+  path: string;
+  query?: Record<string, string | number | undefined | null> | undefined;
+  body?: unknown;
+  headers?: Record<string, string> | undefined;
+  owner?: string | undefined;
+  /** Safe to send again: a read, or a create carrying its idempotency key. */
+  retry?: boolean;
+  timeoutMs?: number | undefined;
+  signal?: AbortSignal | undefined;
+  /** For downloads: a redirect is an answer, handed back. For every other call it is an error. */
+  acceptRedirect?: boolean;
+}
+
+export const DEFAULT_TIMEOUT_MS = 60_000;
+export const DEFAULT_MAX_RETRIES = 3;
+// A Retry-After longer than this is clamped: a client call should not hang for minutes.
+const MAX_RETRY_DELAY_S = 30;
+// Backoff after a connection error or a 503 without Retry-After: 0.5 s, 1 s, 2 s, ...
+const BACKOFF_BASE_S = 0.5;
+
+export class Transport {
+  readonly baseUrl: string;
+  readonly defaultOwner: string | undefined;
+  readonly timeoutMs: number;
+  readonly maxRetries: number;
+  readonly fetch: FetchLike;
+  readonly #apiKey: string;
+
+  constructor(options: TransportOptions) {
+    if (!options.baseUrl) throw new TypeError("baseUrl is required");
+    if (!options.apiKey) throw new TypeError("apiKey is required");
+    this.baseUrl = options.baseUrl.replace(/\/+$/, "");
+    this.#apiKey = options.apiKey;
+    this.defaultOwner = options.owner;
+    this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    this.maxRetries = options.maxRetries ?? DEFAULT_MAX_RETRIES;
+    // Bound late so a test or an app may replace globalThis.fetch after the client exists.
+    this.fetch = options.fetch ?? ((input, init) => globalThis.fetch(input, init));
+  }
+
+  /** The call's JSON answer (undefined for 204). */
+  async json<T>(call: Call): Promise<T> {
+    const response = await this.send(call);
+    if (response.status === 204) {
+      await response.body?.cancel();
+      return undefined as T;
+    }
+    const text = await response.text();
+    try {
+      return JSON.parse(text) as T;
+    } catch {
+      throw new LongcallError("unexpected_response", `${call.method} ${call.path}: the answer is not JSON`,
+        response.status);
+    }
+  }
+
+  /** The answer to a call, 2xx (or 3xx with acceptRedirect); any other answer is thrown as its error. */
+  async send(call: Call): Promise<Response> {
+    const url = this.url(call);
+    for (let attempt = 0; ; attempt++) {
+      const retriesLeft = call.retry === true && attempt < this.maxRetries;
+      let response: Response;
+      try {
+        response = await this.fetch(url, this.init(call));
+      } catch (err) {
+        if (call.signal?.aborted) throw call.signal.reason;
+        if (!retriesLeft) throw this.connectionError(call, err);
+        await sleep(backoffS(attempt));
+        continue;
+      }
+      if (response.ok) return response;
+      // (A browser hides a manual redirect: an "opaqueredirect" of status 0.)
+      if (call.acceptRedirect && (isRedirect(response.status) || response.type === "opaqueredirect")) return response;
+      const retryAfter = retryAfterSeconds(response.headers.get("retry-after"));
+      const again = response.status === 503 || (response.status === 429 && retryAfter !== undefined);
+      if (retriesLeft && again) {
+        await response.body?.cancel();
+        await sleep(Math.min(retryAfter ?? backoffS(attempt), MAX_RETRY_DELAY_S));
+        continue;
+      }
+      throw await this.errorOf(call, response, retryAfter);
+    }
+  }
+
+  url(call: Call): string {
+    const params = new URLSearchParams();
+    for (const [name, value] of Object.entries(call.query ?? {})) {
+      if (value !== undefined && value !== null) params.set(name, String(value));
+    }
+    const query = params.toString();
+    return `${this.baseUrl}${call.path}${query ? `?${query}` : ""}`;
+  }
+
+  private init(call: Call): RequestInit {
+    const headers: Record<string, string> = {
+      Accept: "application/json",
+      Authorization: `Bearer ${this.#apiKey}`,
+      ...call.headers,
+    };
+    const owner = call.owner ?? this.defaultOwner;
+    if (owner) headers["Longcall-Owner"] = owner;
+    let body: string | undefined;
+    if (call.body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      body = JSON.stringify(call.body);
+    }
+    const timeout = AbortSignal.timeout(call.timeoutMs ?? this.timeoutMs);
+    const signal = call.signal ? AbortSignal.any([timeout, call.signal]) : timeout;
+    // Never followed here: fetch would carry our headers to wherever a redirect points.
+    const init: RequestInit = { method: call.method, headers, signal, redirect: "manual" };
+    if (body !== undefined) init.body = body;
+    return init;
+  }
+
+  private connectionError(call: Call, err: unknown): ConnectionError {
+    const timedOut = err instanceof Error && err.name === "TimeoutError";
+    const detail = timedOut ? `no answer within ${call.timeoutMs ?? this.timeoutMs} ms` : describe(err);
+    return new ConnectionError("connection_error", this.clean(`${call.method} ${call.path}: ${detail}`), 0,
+      { cause: err });
+  }
+
+  private async errorOf(call: Call, response: Response, retryAfter: number | undefined): Promise<LongcallError> {
+    const options = retryAfter === undefined ? {} : { retryAfter };
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(await response.text());
+    } catch {
+      parsed = undefined;
+    }
+    const error = (parsed as { error?: { code?: unknown; message?: unknown } } | undefined)?.error;
+    if (error && typeof error.code === "string") {
+      const message = typeof error.message === "string" ? error.message : error.code;
+      return apiError(error.code, this.clean(message), response.status, options);
+    }
+    const hint = isRedirect(response.status) ? " (a redirect, not followed with the API key: check baseUrl)" : "";
+    return new LongcallError("unexpected_response", `${call.method} ${call.path}: HTTP ${response.status}${hint}`,
+      response.status, options);
+  }
+
+  /** Never let the key out in a message, whatever a server or a network stack echoes. */
+  clean(message: string): string {
+    return message.split(this.#apiKey).join("[api key]");
+  }
+}
+
+function isRedirect(status: number): boolean {
+  return status === 301 || status === 302 || status === 303 || status === 307 || status === 308;
+}
+
+function backoffS(attempt: number): number {
+  return BACKOFF_BASE_S * 2 ** attempt;
+}
+
+/** Retry-After in seconds: delta-seconds or an HTTP date; undefined when absent or unreadable. */
+export function retryAfterSeconds(value: string | null): number | undefined {
+  if (value === null) return undefined;
+  const text = value.trim();
+  if (/^\d+$/.test(text)) return Number(text);
+  const at = Date.parse(text);
+  return Number.isNaN(at) ? undefined : Math.max(0, (at - Date.now()) / 1000);
+}
+
+function describe(err: unknown): string {
+  if (!(err instanceof Error)) return String(err);
+  // Node's fetch says "fetch failed" and keeps the reason (ECONNREFUSED, ...) in `cause`.
+  const cause = err.cause as { code?: unknown; message?: unknown } | undefined;
+  if (cause && typeof cause.code === "string") return `${err.message} (${cause.code})`;
+  if (cause && typeof cause.message === "string") return `${err.message} (${cause.message})`;
+  return err.message;
+}
+
+export function sleep(seconds: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+}

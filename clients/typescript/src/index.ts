@@ -1,0 +1,17 @@
+// longcall-client: a fetch-based client for longcall's HTTP API, and verifyWebhook for its notifications.
+
+export {
+  Client,
+  MAX_WAIT_S,
+  type CallOptions,
+  type ClientOptions,
+  type CreateJobParams,
+  type CreateWebhookEndpointParams,
+  type ListJobsParams,
+  type ListNotificationsParams,
+  type WaitOptions,
+} from "./client.js";
+export * from "./errors.js";
+export type { FetchLike } from "./http.js";
+export * from "./types.js";
+export { verifyWebhook, type VerifyWebhookOptions, type WebhookHeaders } from "./webhooks.js";
