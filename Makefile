@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev check test test-pg15 chaos bench fuzz install clean
+.PHONY: dev check test test-typescript test-pg15 chaos bench fuzz install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,18 @@ check: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-typescript
+
+# The TypeScript client's own suite (Node's test runner, against a real
+# longcall it starts). Without node it is skipped, saying so in one line;
+# REQUIRE_NODE=1 (.ci/run) makes that skip a failure.
+test-typescript: $(STAMP)
+	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
+	  cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error \
+	    && PYTHON=$(abspath $(BIN))/python npm test --silent; \
+	elif [ -n "$(REQUIRE_NODE)" ]; then \
+	  echo "the TypeScript client's tests need node and npm, which were not found" >&2; exit 1; \
+	else echo "skipped: the TypeScript client's tests (node and npm not found)"; fi
 
 # The same suite on a plain PostgreSQL 15 server (Debian's postgresql-15).
 PG15_BIN ?= /usr/lib/postgresql/15/bin
