@@ -91,6 +91,11 @@ def check_endpoint_url(url: str, allowed_origins: frozenset[str]) -> httpx.URL:
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
+        # No domain's last label is a number: `2130706433`, `0x7f.0.0.1` or
+        # `127.1` are addresses some resolvers read as 127.0.0.1.
+        last = host.rstrip(".").rsplit(".", 1)[-1]
+        if last.isdigit() or last.startswith("0x"):
+            raise EndpointRefused("url names a host in a numeric form that is not a plain address") from None
         return parsed
     if not is_public_address(ip):
         raise EndpointRefused(f"url is at a non-public address ({ip})")

@@ -86,7 +86,8 @@ LIST_ENDPOINTS = """
 select id, url, events, created_at from webhook_endpoints
 where owner_id = $1 and deleted_at is null order by created_at, id
 """
-# The endpoint's pending deliveries end with it (failed: nothing more is sent).
+# The endpoint's pending deliveries end with it (failed: nothing more is
+# sent), each with its line in its job's timeline.
 DELETE_ENDPOINT = f"""
 with gone as (
     update webhook_endpoints set deleted_at = now()
@@ -95,10 +96,21 @@ with gone as (
 ), ended as (
     update deliveries set status = '{DeliveryStatus.FAILED}', last_error = 'the endpoint was deleted'
     where endpoint_id in (select id from gone) and status = '{DeliveryStatus.PENDING}'
+    returning notification_id, endpoint_id, attempts
+), lines as (
+    insert into job_events (job_id, type, detail)
+    select n.job_id, '{EventType.NOTIFICATION_FAILED}',
+           jsonb_build_object('notification_id', e.notification_id, 'endpoint_id', e.endpoint_id,
+                              'attempts', e.attempts, 'status_code', null::int)
+    from ended e join notifications n on n.id = e.notification_id
 )
 select id from gone
 """
 MAX_ENDPOINTS_PER_OWNER = 20
+# Under the owner's row lock (taken first, in the creating transaction): the
+# count then sees every endpoint committed before it, so concurrent creates
+# cannot pass the limit together.
+LOCK_OWNER = "select 1 from owners where id = $1 for update"
 COUNT_ENDPOINTS = "select count(*) from webhook_endpoints where owner_id = $1 and deleted_at is null"
 
 
@@ -116,7 +128,9 @@ async def create_endpoint(conn, *, endpoint_id: str, owner_id: str, url: str, ev
     return Endpoint(row["id"], row["url"], list(row["events"]), row["created_at"])
 
 
-async def count_endpoints(conn, owner_id: str) -> int:
+async def count_endpoints_locked(conn, owner_id: str) -> int:
+    """The owner's endpoints, its row locked until the caller's transaction ends."""
+    await conn.execute(LOCK_OWNER, owner_id)
     return int(await conn.fetchval(COUNT_ENDPOINTS, owner_id))
 
 

@@ -59,8 +59,8 @@ async def create_endpoint(request: Request) -> Response:
     secret = delivery.new_secret()
     sealed = request.app.state.secretbox.encrypt(secret, endpoint_id)
     pool = request.app.state.pool
-    async with pool.acquire() as conn:
-        if await notifications.count_endpoints(conn, owner_id) >= notifications.MAX_ENDPOINTS_PER_OWNER:
+    async with pool.acquire() as conn, conn.transaction():
+        if await notifications.count_endpoints_locked(conn, owner_id) >= notifications.MAX_ENDPOINTS_PER_OWNER:
             raise invalid(f"an owner may have at most {notifications.MAX_ENDPOINTS_PER_OWNER} endpoints")
         endpoint = await notifications.create_endpoint(conn, endpoint_id=endpoint_id, owner_id=owner_id,
                                                        url=url, events=events, encrypted_secret=sealed)

@@ -9,8 +9,8 @@ import time
 
 import standardwebhooks
 
-from tests.support.receiver import Receiver, RunningReceiver
 from tests.outbox.conftest import wait_for_status
+from tests.support.receiver import Receiver, RunningReceiver
 
 
 def job(**input):
