@@ -11,9 +11,12 @@ duplicated and delayed webhooks, submits and calls that time out after the
 work was done, submit/status/download errors), some failing and some long
 tasks, client cancels and polling reads — while
 settlers and the web server are SIGKILLed at random and restarted, and
-PostgreSQL is restarted once. When every job has closed (or is `uncertain`)
-it checks every invariant (proof/invariants.py), prints a table, and
-exits 1 on any violation.
+PostgreSQL is restarted once. The owners' notification endpoints
+(ENDPOINTS, registered through the API) point at receivers the run serves
+on loopback — healthy, failing each notification's first attempts, slow —
+which verify every signature. When every job has closed (or is
+`uncertain`) and every notification is delivered, it checks every invariant
+(proof/invariants.py), prints a table, and exits 1 on any violation.
 
 The models file priced and capped as a real catalogue would be (issue #14):
 Veo through KIE and ElevenLabs' sound effects per second of the media
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -43,9 +47,11 @@ import resource
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -55,12 +61,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from app.embedded import EmbeddedPostgres, free_port
 from app.models_file import NO_MODELS, ModelsFile
 from app.models_file import parse as parse_models
 from app.providers import provider_kind
-from app.vocabulary import JobStatus, ProviderKind
+from app.vocabulary import JobStatus, NotificationType, ProviderKind
 from proof import invariants
 from proof.invariants import Check
 
@@ -179,6 +190,14 @@ class ChaosConfig:
     cap_hold_s: float = 8.0
     cap_drain_s: float | None = None
     cap_sample_every_s: float = 0.25  # the database is sampled this often for the caps check
+    # Notifications: endpoints (ENDPOINTS) on receivers the run serves on
+    # loopback, retried on a short schedule so that retries end inside the
+    # run; the drain waits for every delivery too. notify=False: none.
+    notify: bool = True
+    notify_retry_s: str = "0.5,1,2"
+    receiver_fail_first: int = 2  # the failing receiver's 500s to each notification, then 204
+    receiver_slow_share: float = 0.2  # of the slow receiver's answers come after receiver_slow_s
+    receiver_slow_s: tuple[float, float] = (3.0, 7.0)  # under the 15 s a delivery waits for an answer
     seed: int | None = None  # reproduces the job plan (not the timing of kills and faults)
     keep_dir: bool = False  # keep the temp directory (it is always kept on a violation)
 
@@ -595,6 +614,146 @@ class LoadGenerator:
             await asyncio.sleep(self.rng.uniform(1.0, 3.0))
 
 
+# --- notification receivers --------------------------------------------------------------
+
+ALL_EVENTS: tuple[str, ...] = tuple(NotificationType)
+# The run's notification endpoints, registered through the API before any
+# job: (owner index, receiver, events; None: the default, every close).
+# Owners past these (and the tight owner) have none: their jobs are never
+# notified. Owner 1's second endpoint asks only for the non-terminal events,
+# so each of its transitions goes to one endpoint of two.
+ENDPOINTS: tuple[tuple[int, str, tuple[str, ...] | None], ...] = (
+    (0, "healthy", None),
+    (0, "failing", ALL_EVENTS),
+    (1, "slow", None),
+    (1, "healthy", (NotificationType.RUNNING, NotificationType.UNCERTAIN)),
+)
+DELETED_ENDPOINT = (1, "failing", None)  # registered, then deleted before any job: it gets nothing
+
+
+class _ThreadServer:
+    """An ASGI app served by uvicorn on a loopback port the OS picked, in a
+    thread and event loop of its own: a slow answer never waits on the run's
+    loop (the clients, the checks), nor the reverse."""
+
+    def __init__(self, app: Any):
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("a notification receiver did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=10)
+        self._sock.close()
+
+
+def _body_fields(body: bytes) -> tuple[str | None, str | None]:
+    """The notification's type and job id, as its body says them."""
+    try:
+        parsed = json.loads(body)
+        data = parsed.get("data") or {}
+        return parsed.get("type"), data.get("id")
+    except (ValueError, AttributeError):
+        return None, None
+
+
+class Receiver:
+    """A client's notification receiver, on loopback: each endpoint of the run
+    it serves is a path of it (`/e/<slot>`). Every request is recorded as an
+    invariants.Receipt, its signature verified with the `standardwebhooks`
+    library under that endpoint's secret (a bad one is answered 400). It
+    answers 500 to the first `fail_first` attempts of each notification, and
+    a share `slow_share` of its answers come after `slow_s` seconds; the rest
+    are 204 at once."""
+
+    def __init__(self, name: str, rng: random.Random, *, fail_first: int = 0, slow_share: float = 0.0,
+                 slow_s: tuple[float, float] = (0.0, 0.0)):
+        self.name, self.rng = name, rng
+        self.fail_first, self.slow_share, self.slow_s = fail_first, slow_share, slow_s
+        self._lock = threading.Lock()  # the server's thread writes, the run reads
+        self._endpoints: dict[str, tuple[str, Any]] = {}  # slot -> (endpoint id, its verifier)
+        self._requests: Counter = Counter()  # (slot, webhook-id) -> requests
+        self._receipts: list[invariants.Receipt] = []
+        self.answered: Counter = Counter()  # status code -> answers
+        self.slow_answers = 0
+        self.server = _ThreadServer(Starlette(routes=[Route("/e/{slot}", self._hook, methods=["POST"])]))
+
+    def url(self, slot: int) -> str:
+        return f"{self.server.url}/e/{slot}"
+
+    def register(self, slot: int, endpoint_id: str, secret: str) -> None:
+        import standardwebhooks  # the scheme's reference verifier; `main` checks it is installed
+
+        with self._lock:
+            self._endpoints[str(slot)] = (endpoint_id, standardwebhooks.Webhook(secret))
+
+    def receipts(self) -> list[invariants.Receipt]:
+        with self._lock:
+            return list(self._receipts)
+
+    def answers(self) -> tuple[Counter, int]:
+        """How often it answered each status code, and how many answers came slowly."""
+        with self._lock:
+            return Counter(self.answered), self.slow_answers
+
+    async def _hook(self, request: Request) -> Response:
+        body = await request.body()
+        headers = dict(request.headers)
+        slot = request.path_params["slot"]
+        webhook_id = headers.get("webhook-id")
+        with self._lock:
+            endpoint = self._endpoints.get(slot)
+        signature_ok = False
+        if endpoint is not None:
+            try:
+                endpoint[1].verify(body, headers)
+                signature_ok = True
+            except Exception:  # any way a request fails verification is a bad signature
+                signature_ok = False
+        type_, job_id = _body_fields(body)
+        with self._lock:
+            self._requests[slot, webhook_id] += 1
+            if not signature_ok:
+                status = 400
+            elif self._requests[slot, webhook_id] <= self.fail_first:
+                status = 500
+            else:
+                status = 204
+            delay = self.rng.uniform(*self.slow_s) if self.rng.random() < self.slow_share else 0.0
+            if delay:
+                self.slow_answers += 1
+            self.answered[status] += 1
+            self._receipts.append(invariants.Receipt(endpoint[0] if endpoint else None, webhook_id, type_, job_id,
+                                                     signature_ok, status))
+        if delay:
+            await asyncio.sleep(delay)
+        return Response(status_code=status)
+
+
+def make_receivers(config: ChaosConfig, seed: int) -> dict[str, Receiver]:
+    """The run's receivers (not started): one healthy, one failing each
+    notification's first attempts, one slow; each draws from its own rng
+    (its own thread)."""
+    return {"healthy": Receiver("healthy", random.Random(seed)),
+            "failing": Receiver("failing", random.Random(seed + 1), fail_first=config.receiver_fail_first),
+            "slow": Receiver("slow", random.Random(seed + 2), slow_share=config.receiver_slow_share,
+                             slow_s=config.receiver_slow_s)}
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 @dataclass
@@ -605,6 +764,8 @@ class ChaosResult:
     elapsed_s: float
     workdir: str
     caps: list[invariants.CapTally] = field(default_factory=list)  # what the database samples saw of each cap
+    notifications: invariants.NotifyTally | None = None  # what was written, delivered and received
+    receivers: dict[str, Counter] = field(default_factory=dict)  # receiver -> status code answered -> answers
 
     @property
     def ok(self) -> bool:
@@ -645,6 +806,8 @@ class Chaos:
         self.cap_tallies: list[invariants.CapTally] = []
         self.sim_stats: dict[str, Any] = {}
         self.priced: list[dict[str, Any]] = []  # the succeeded jobs' charges by model and price (the report)
+        self.receivers: dict[str, Receiver] = make_receivers(config, seed) if config.notify else {}
+        self.notify_tally: invariants.NotifyTally | None = None
 
     def say(self, line: str) -> None:
         self.out(f"[{time.monotonic() - self.started:6.1f}s] {line}")
@@ -652,7 +815,7 @@ class Chaos:
     # -- setting up -------------------------------------------------------------------------
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        for name in ("S3_ENDPOINT_URL", "ADMIN_TOKEN", "REPLICATE_WEBHOOK_SECRET", "PORT"):
+        for name in ("S3_ENDPOINT_URL", "ADMIN_TOKEN", "REPLICATE_WEBHOOK_SECRET", "PORT", "NOTIFY_ALLOWED_ORIGINS"):
             env.pop(name, None)
         for name in list(env):
             if name.startswith(("GIVE_UP_AFTER_S", "MAX_IN_FLIGHT_")):
@@ -681,7 +844,10 @@ class Chaos:
             "GIVE_UP_AFTER_S": str(self.config.give_up_after_s),
             "SETTLER_LEASE_S": str(self.config.settler_lease_s),
             "STALE_AFTER_S": str(self.config.stale_after_s),
+            "NOTIFY_RETRY_S": self.config.notify_retry_s,
         })
+        if self.receivers:  # loopback and plain http: allowed for these origins only
+            env["NOTIFY_ALLOWED_ORIGINS"] = ",".join(r.server.url for r in self.receivers.values())
         if self.config.give_up_after_s_fal:
             env["GIVE_UP_AFTER_S_FAL"] = str(self.config.give_up_after_s_fal)
         provider_caps, _ = run_caps(self.config)
@@ -702,6 +868,8 @@ class Chaos:
         await asyncio.to_thread(self.pg.start)
         self.sim_url = f"http://127.0.0.1:{free_port()}"
         self.web_url = f"http://127.0.0.1:{free_port()}"
+        for receiver in self.receivers.values():
+            receiver.server.start()
         text = models_file(self.config)
         (self.workdir / "models.toml").write_text(text)
         self.models = parse_models(text)
@@ -737,10 +905,47 @@ class Chaos:
         for s in self.settlers:
             s.start()
         await _wait_http(f"{self.web_url}/healthz", self.web)
+        endpoints = await self.register_endpoints(keys)
         self.say(f"up: postgres {self.pg.port}, simulator {self.sim_url}, web {self.web_url}, "
                  f"{len(self.settlers)} settlers; faults {self.config.faults}; "
-                 f"caps {', '.join(c.name for c in self.caps) or 'none'}")
+                 f"caps {', '.join(c.name for c in self.caps) or 'none'}; "
+                 f"notification endpoints {', '.join(endpoints) or 'none'}")
         return keys
+
+    async def register_endpoints(self, keys: list[str]) -> list[str]:
+        """The run's notification endpoints (ENDPOINTS, for the owners the run
+        has), through the API as a client registers them, each secret handed
+        to its receiver (and searched for in the logs); DELETED_ENDPOINT is
+        registered and deleted at once. Returns what was made, for the log."""
+        made_list = []
+        async with httpx.AsyncClient(base_url=self.web_url, trust_env=False, timeout=30) as client:
+            for slot, (owner, name, events) in enumerate((*ENDPOINTS, DELETED_ENDPOINT)):
+                if not self.receivers or owner >= self.config.owners:
+                    continue
+                auth = {"Authorization": f"Bearer {keys[owner]}"}
+                receiver = self.receivers[name]
+                body: dict[str, Any] = {"url": receiver.url(slot)}
+                if events is not None:
+                    body["events"] = list(events)
+                r = await client.post("/v1/webhook-endpoints", json=body, headers=auth)
+                if r.status_code != 201:
+                    raise RuntimeError(f"registering a notification endpoint answered {r.status_code} "
+                                       f"{r.text[:200]}")
+                made = r.json()
+                receiver.register(slot, made["id"], made["secret"])
+                self.api_keys[f"the secret of endpoint {made['id']}"] = made["secret"]
+                asked = "all events" if events == ALL_EVENTS else " ".join(events) if events else "closes"
+                what = f"owner {owner} {name} ({asked})"
+                if slot == len(ENDPOINTS):  # DELETED_ENDPOINT
+                    r = await client.delete(f"/v1/webhook-endpoints/{made['id']}", headers=auth)
+                    if r.status_code != 204:
+                        raise RuntimeError(f"deleting a notification endpoint answered {r.status_code}")
+                    what += " deleted"
+                made_list.append(what)
+        return made_list
+
+    def receipts(self) -> list[invariants.Receipt]:
+        return [receipt for r in self.receivers.values() for receipt in r.receipts()]
 
     # -- the killer ----------------------------------------------------------------------------
     async def _kill_and_restart(self, proc: Proc) -> None:
@@ -779,7 +984,9 @@ class Chaos:
         self.say(f"PostgreSQL back after {time.monotonic() - took:.1f}s")
 
     # -- watching ------------------------------------------------------------------------------
-    async def _counts(self) -> tuple[Counter, int] | None:
+    async def _counts(self) -> tuple[Counter, int, int] | None:
+        """Jobs by status, intents left on closed jobs, and notifications
+        still to deliver (pending deliveries and notify intents)."""
         from app import db
 
         try:
@@ -790,18 +997,21 @@ class Chaos:
             rows = await conn.fetch("select status, count(*) as n from jobs group by status")
             left = await conn.fetchval("""select count(*) from outbox o join jobs j on j.id = o.job_id
                                           where j.status = any($1::text[])""", list(TERMINAL))
-            return Counter({r["status"]: r["n"] for r in rows}), left
+            notifying = await conn.fetchval("""select (select count(*) from deliveries where status = 'pending')
+                                                      + (select count(*) from outbox where kind = 'notify')""")
+            return Counter({r["status"]: r["n"] for r in rows}), left, notifying
         except Exception:
             return None
         finally:
             with contextlib.suppress(Exception):
                 await conn.close()
 
-    def _line(self, statuses: Counter, left: int) -> str:
+    def _line(self, statuses: Counter, left: int, notifying: int) -> str:
         order = ["queued", "submitting", "running", "uncertain", *TERMINAL]
         parts = " ".join(f"{s}={statuses[s]}" for s in order if statuses[s])
         answered = self.load.answered if self.load else 0
-        return f"answered {answered}/{self.config.jobs} creates | {parts} | intents on closed jobs {left}"
+        line = f"answered {answered}/{self.config.jobs} creates | {parts} | intents on closed jobs {left}"
+        return line + (f" | notifications to deliver {notifying}" if self.receivers else "")
 
     async def progress(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -846,19 +1056,20 @@ class Chaos:
                     await conn.close()
 
     async def drain(self) -> bool:
-        """Wait (bounded) until no job is settling and no intent is left on a
-        closed job. True when it got there."""
+        """Wait (bounded) until no job is settling, no intent is left on a
+        closed job and no notification is left to deliver. True when it got
+        there."""
         deadline = time.monotonic() + self.config.drain_timeout_s
         last_said = 0.0
         while time.monotonic() < deadline:
             got = await self._counts()
             if got:
-                statuses, left = got
-                if not any(statuses[s] for s in SETTLING) and left == 0:
-                    self.say("drained: " + self._line(statuses, left))
+                statuses, left, notifying = got
+                if not any(statuses[s] for s in SETTLING) and left == 0 and notifying == 0:
+                    self.say("drained: " + self._line(*got))
                     return True
                 if time.monotonic() - last_said >= self.config.progress_every_s:
-                    self.say("draining: " + self._line(statuses, left))
+                    self.say("draining: " + self._line(*got))
                     last_said = time.monotonic()
             # A process that died on its own (not by our hand) is a finding;
             # restart it so the run can finish and the checks can speak.
@@ -913,6 +1124,9 @@ class Chaos:
                 invariants.secrets_not_logged([str(p) for p in sorted(self.workdir.glob("*.log"))],
                                               {**self.env_secrets, **self.api_keys}),
             ]
+            if self.receivers:
+                notified, self.notify_tally = await invariants.notifications_kept(conn, self.receipts())
+                checks.append(notified)
             by_status = Counter()
             # Uncertain jobs have no error code: which provider they are of says why.
             for r in await conn.fetch(f"select status, coalesce(error_code, case when status = "
@@ -943,6 +1157,9 @@ class Chaos:
         for proc in reversed(self.procs):
             with contextlib.suppress(Exception):
                 proc.stop(timeout=30)
+        for receiver in self.receivers.values():
+            with contextlib.suppress(Exception):  # never started, when the setup failed first
+                receiver.server.stop()
         with contextlib.suppress(Exception):
             self.pg_cpu_s += _postgres_cpu_s(self.pg)
         with contextlib.suppress(Exception):
@@ -1033,7 +1250,8 @@ async def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> 
         f"{1000 * cpu / max(1, jobs_made):.1f} ms per job; wall {time.monotonic() - chaos.started:.0f} s")
     out("RESULT: " + ("ok, no violations" if ok else "VIOLATIONS (see above)"))
     return ChaosResult(checks, chaos.kills, Counter({s: n for (s, _), n in by_status.items()}),
-                       time.monotonic() - chaos.started, str(chaos.workdir), chaos.cap_tallies)
+                       time.monotonic() - chaos.started, str(chaos.workdir), chaos.cap_tallies,
+                       chaos.notify_tally, {name: r.answers()[0] for name, r in chaos.receivers.items()})
 
 
 def _report(chaos: Chaos, checks: list[Check], by_status: Counter, histories: list[str],
@@ -1062,6 +1280,13 @@ def _report(chaos: Chaos, checks: list[Check], by_status: Counter, histories: li
         f"({stats.get('webhooks_delivered')} delivered, {stats.get('webhooks_failed')} given up), "
         f"{stats.get('status_calls')} status calls, "
         f"{sum((stats.get('sync_calls_by_body') or {}).values())} sync calls")
+    if chaos.notify_tally is not None:
+        answers = []
+        for name, receiver in chaos.receivers.items():
+            codes, slow = receiver.answers()
+            answers.append(f"{name} " + " ".join(f"{code} x{n}" for code, n in sorted(codes.items()))
+                           + (f" ({slow} slowly)" if slow else ""))
+        out("notifications: " + chaos.notify_tally.line() + "; receivers answered " + ", ".join(answers))
     out("faults done: " + (", ".join(f"{k} x{v}" for k, v in sorted(chaos.kills.items())) or "none"))
     creates_s = (chaos.load.creates_done_at or chaos.started) - chaos.started
     out(f"time: {elapsed:.0f} s (setup and creates {creates_s:.0f} s, clients done at {load_s:.0f} s, "
@@ -1077,6 +1302,10 @@ def main(jobs: int = 5000, **overrides: Any) -> int:
         print("longcall: --jobs must be at least 1", file=sys.stderr)
         return 2
     config = ChaosConfig(jobs=jobs, **overrides)
+    if config.notify and importlib.util.find_spec("standardwebhooks") is None:
+        print("longcall: chaos verifies notifications with the standardwebhooks library: "
+              "pip install 'standardwebhooks>=1.1,<2'", file=sys.stderr)
+        return 2
     try:
         result = asyncio.run(run_chaos(config, out=lambda line: print(line, flush=True)))
     except KeyboardInterrupt:

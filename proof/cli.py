@@ -6,7 +6,8 @@ Every `longcall` run loads this module, to list the commands in its help, so
 it imports nothing heavy. A command imports the harness when it runs — the
 bench first checks the modules it needs from the `proof` extra, so that a
 missing one is one line saying what to install, not a traceback from deep
-inside a run. The chaos run needs only the service's own dependencies.
+inside a run. The chaos run needs `standardwebhooks` (its receivers verify
+each notification with the scheme's reference library).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def _chaos_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_chaos(args: argparse.Namespace) -> int:
+    require_extra("chaos", ("standardwebhooks",))
     from proof.chaos import main
 
     return main(jobs=args.jobs)

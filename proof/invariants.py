@@ -20,10 +20,17 @@ report), and its `price_applied` record agrees; no provider ever had more in
 flight than a cap, by the simulator's own `peak_concurrent` where a cap
 covers a whole protocol prefix, and by samples of the database taken while
 the run went on (`CapTally`).
+
+Notifications (CONTRACT.md: Notifications to the client): each notified
+transition has one notification with one delivery per endpoint that asked
+for it, delivered or still within its 24 h, and what the run's receivers
+got agrees (`notification_problems`, pure, over rows `notifications_kept`
+reads).
 """
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import json
 import math
@@ -52,7 +59,18 @@ from app.simulator import openai as sim_openai
 from app.simulator import replicate as sim_replicate
 from app.simulator.outputs import output_sha256
 from app.storage import ObjectNotFound, Storage, StorageError, object_key
-from app.vocabulary import IN_FLIGHT, SUBMITTED, TERMINAL, JobStatus, ProviderKind, ProviderName
+from app.vocabulary import (
+    IN_FLIGHT,
+    SUBMITTED,
+    TERMINAL,
+    DeliveryStatus,
+    EventType,
+    IntentKind,
+    JobStatus,
+    NotificationType,
+    ProviderKind,
+    ProviderName,
+)
 
 JOB_ID_IN_URL = re.compile(r"job_[0-9a-f]{24}")  # in a callback URL, or a violation line
 # The simulator's defaults for the `input` controls (app/simulator/controls.py).
@@ -556,22 +574,29 @@ async def closed_jobs_hold_no_secret(conn) -> Check:
 async def no_intent_for_terminal_job(conn, *, cancel_grace_s: float = 120.0) -> Check:
     """Closing a job deletes its submit and settle intents. A provider
     cancel may outlive it for a while (a few backed-off attempts, a lease):
-    one still there `cancel_grace_s` after the job closed is stuck."""
+    one still there `cancel_grace_s` after the job closed is stuck. A
+    notification of the close is sent after it: its intent stays while its
+    delivery is pending (notifications_kept holds that to its 24 h)."""
     checked = await conn.fetchval("select count(*) from jobs where status = any($1::text[])", TERMINAL)
     rows = await conn.fetch("""
         select o.job_id, o.kind, j.status, o.attempts, o.not_before, o.claimed_until,
-               j.finished_at < now() - make_interval(secs => $2) as overdue
-        from outbox o join jobs j on j.id = o.job_id where j.status = any($1::text[])
+               j.finished_at < now() - make_interval(secs => $2) as overdue, d.status as delivery
+        from outbox o join jobs j on j.id = o.job_id left join deliveries d on d.id = o.delivery_id
+        where j.status = any($1::text[])
         order by o.job_id""", TERMINAL, float(cancel_grace_s))
-    violations, draining = [], 0
+    violations, draining, delivering = [], 0, 0
     for r in rows:
-        if r["kind"] == "cancel" and not r["overdue"]:
+        if r["kind"] == IntentKind.CANCEL and not r["overdue"]:
             draining += 1
+            continue
+        if r["kind"] == IntentKind.NOTIFY and r["delivery"] == DeliveryStatus.PENDING:
+            delivering += 1
             continue
         violations.append(f"{r['job_id']} ({r['status']}): {r['kind']} intent left (attempts {r['attempts']}, "
                           f"due {r['not_before']:%H:%M:%S}, claimed until {r['claimed_until']})")
-    return Check("no intent left for a terminal job", checked, violations,
-                 f"{draining} provider cancel(s) still draining" if draining else "")
+    notes = [f"{draining} provider cancel(s) still draining"] if draining else []
+    notes += [f"{delivering} notification(s) still being delivered"] if delivering else []
+    return Check("no intent left for a terminal job", checked, violations, "; ".join(notes))
 
 
 # --- the provider ------------------------------------------------------------------
@@ -952,6 +977,397 @@ def secrets_not_logged(log_paths: Iterable[str], secrets: Mapping[str, str]) -> 
     return Check("no secret in any log line", lines, violations)
 
 
+# --- notifications to the client ----------------------------------------------------------
+
+# CONTRACT.md: Notifications to the client. One notification per notified
+# transition (running, uncertain, each close), written with it, with one
+# delivery per endpoint of the owner that asked for the event; each delivery
+# is delivered, still retrying within its 24 h, or failed because its
+# endpoint was deleted. Timestamps are the writing transactions' now().
+RETRY_FOR = dt.timedelta(hours=24)
+NOTIFY_CHECK = "each notified transition notified once, to each endpoint"
+
+
+class Endpoint(NamedTuple):
+    id: str
+    owner_id: str
+    events: tuple[str, ...]
+    created_at: dt.datetime
+    deleted_at: dt.datetime | None
+
+
+class NotifiedJob(NamedTuple):
+    id: str
+    owner_id: str
+    status: str
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+    ran: int  # task_saved lines with job_was_closed false: the times it became running
+
+
+class Notification(NamedTuple):
+    id: str
+    owner_id: str
+    job_id: str
+    type: str
+    created_at: dt.datetime
+    data_id: str | None  # the job in its `data`, and its status there
+    data_status: str | None
+
+
+class Delivery(NamedTuple):
+    notification_id: str
+    endpoint_id: str
+    status: str
+    attempts: int
+    last_status_code: int | None
+    retry_from: dt.datetime
+    has_intent: bool  # a `notify` intent names it (a pending one without is never sent)
+
+
+class Receipt(NamedTuple):
+    """One request a receiver of the run got, as it saw it."""
+
+    endpoint_id: str | None  # None: a path no endpoint of the run uses
+    webhook_id: str | None
+    type: str | None  # from the body
+    job_id: str | None  # the body's data.id
+    signature_ok: bool  # verified with `standardwebhooks` under the endpoint's secret
+    answered: int  # the status code the receiver answered
+
+
+@dataclass
+class NotifyTally:
+    notifications: int = 0
+    deliveries: int = 0
+    delivered: int = 0
+    pending: int = 0
+    failed: int = 0
+    received: int = 0
+    duplicates: int = 0  # 2xx answers beyond the first for one notification at one endpoint
+    bad_signatures: int = 0
+
+    def line(self) -> str:
+        text = (f"{self.notifications} notifications written, {self.deliveries} deliveries: {self.delivered} "
+                f"delivered, {self.pending} still pending, {self.failed} failed")
+        if self.received:
+            text += (f"; receivers got {self.received} requests, {self.duplicates} duplicates, "
+                     f"{self.bad_signatures} bad signatures")
+        return text
+
+
+def _asks(endpoint: Endpoint, job: NotifiedJob, type_: str) -> bool:
+    return endpoint.owner_id == job.owner_id and type_ in endpoint.events
+
+
+def _may_match(endpoint: Endpoint, job: NotifiedJob, type_: str, now: dt.datetime) -> bool:
+    """The endpoint may have been there for one of the job's transitions:
+    created before the job's end, not deleted before it began."""
+    end = job.finished_at or now
+    return (_asks(endpoint, job, type_) and endpoint.created_at <= end
+            and (endpoint.deleted_at is None or endpoint.deleted_at > job.created_at))
+
+
+def _must_match(endpoint: Endpoint, job: NotifiedJob, type_: str, now: dt.datetime) -> bool:
+    """The endpoint was there for all of the job's life, so for each of its transitions."""
+    end = job.finished_at or now
+    return (_asks(endpoint, job, type_) and endpoint.created_at <= job.created_at
+            and (endpoint.deleted_at is None or endpoint.deleted_at >= end))
+
+
+def _transitions(job: NotifiedJob) -> dict[str, tuple[int, int]]:
+    """How many notifications of each type the job's history calls for,
+    (at least, at most), were every endpoint asking: one for its close, one
+    per time it became running, one if it is uncertain now (at most one if
+    it was once: no line records it)."""
+    wanted = {t.value: (0, 0) for t in NotificationType}
+    if job.status in TERMINAL:
+        wanted[f"job.{job.status}"] = (1, 1)
+    wanted[NotificationType.RUNNING] = (job.ran, job.ran)
+    wanted[NotificationType.UNCERTAIN] = (1, 1) if job.status == JobStatus.UNCERTAIN else (0, 1)
+    return wanted
+
+
+def _is_2xx(code: int | None) -> bool:
+    return code is not None and 200 <= code < 300
+
+
+def notification_problems(jobs: Iterable[NotifiedJob], endpoints: Iterable[Endpoint],
+                          notifications: Iterable[Notification], deliveries: Iterable[Delivery],
+                          receipts: Iterable[Receipt] | None, now: dt.datetime) -> tuple[list[str], NotifyTally]:
+    """Every notified transition has exactly one notification, with exactly
+    one delivery per endpoint of its owner that asked for its event, each
+    delivered or still retrying within its 24 h (failed only when its
+    endpoint was deleted). With `receipts` (what the receivers got): every
+    delivered notification reached its endpoint's receiver with a valid
+    signature, under the notification's id, and answered 2xx; no receiver
+    got anything that is not a notification of its endpoint. Pure."""
+    jobs_by_id = {j.id: j for j in jobs}
+    endpoints = list(endpoints)
+    endpoints_by_id = {e.id: e for e in endpoints}
+    notifications = list(notifications)
+    by_id = {n.id: n for n in notifications}
+    tally = NotifyTally(notifications=len(notifications))
+    violations: list[str] = []
+
+    made: Counter = Counter((n.job_id, n.type) for n in notifications)
+    for job in jobs_by_id.values():
+        for type_, (least, most) in _transitions(job).items():
+            if not any(_may_match(e, job, type_, now) for e in endpoints):
+                least = most = 0  # no endpoint asked: nothing is written
+            elif not any(_must_match(e, job, type_, now) for e in endpoints):
+                least = 0  # an endpoint came or went during the job's life: either way
+            got = made[job.id, type_]
+            if not least <= got <= most:
+                want = str(least) if least == most else f"{least} to {most}"
+                violations.append(f"{job.id} ({job.status}): {got} {type_} notification(s), expected {want}")
+
+    sent_to: dict[str, list[str]] = {n.id: [] for n in notifications}
+    deliveries = list(deliveries)
+    for d in deliveries:
+        sent_to.setdefault(d.notification_id, []).append(d.endpoint_id)
+    for n in notifications:
+        job = jobs_by_id.get(n.job_id)
+        if job is None:
+            violations.append(f"{n.id}: a notification of {n.job_id}, a job that does not exist")
+            continue
+        if n.owner_id != job.owner_id or n.data_id != job.id or f"job.{n.data_status}" != n.type:
+            violations.append(f"{n.id} ({n.type} of {job.id}): its owner {n.owner_id} and data "
+                              f"({n.data_id}, {n.data_status}) are not its job's")
+        got = Counter(sent_to[n.id])
+        if not got:
+            violations.append(f"{n.id} ({n.type} of {job.id}): written with no delivery")
+        for endpoint_id, k in sorted(got.items()):
+            e = endpoints_by_id.get(endpoint_id)
+            if k > 1:
+                violations.append(f"{n.id} ({n.type} of {job.id}): {k} deliveries to {endpoint_id}")
+            if e is None or not _may_match(e, job, n.type, now):
+                violations.append(f"{n.id} ({n.type} of {job.id}): a delivery to {endpoint_id}, which did not "
+                                  f"ask for it")
+        for e in endpoints:
+            if _must_match(e, job, n.type, now) and e.id not in got:
+                violations.append(f"{n.id} ({n.type} of {job.id}): no delivery to {e.id}, which asked for it")
+
+    for d in deliveries:
+        where = f"{d.notification_id} to {d.endpoint_id}"
+        if d.notification_id not in by_id:
+            violations.append(f"{where}: a delivery of no notification")
+        endpoint = endpoints_by_id.get(d.endpoint_id)
+        tally.deliveries += 1
+        if d.status == DeliveryStatus.DELIVERED:
+            tally.delivered += 1
+            if d.attempts < 1 or not _is_2xx(d.last_status_code):
+                violations.append(f"{where}: delivered after {d.attempts} attempts, last answer "
+                                  f"{d.last_status_code}")
+        elif d.status == DeliveryStatus.PENDING:
+            tally.pending += 1
+            if d.retry_from + RETRY_FOR < now:
+                violations.append(f"{where}: still pending {now - d.retry_from} after its retries began")
+            if not d.has_intent:
+                violations.append(f"{where}: pending with no notify intent (it is never sent)")
+        else:
+            tally.failed += 1
+            if endpoint is None or endpoint.deleted_at is None:
+                violations.append(f"{where}: {d.status} after {d.attempts} attempts, its endpoint still there")
+
+    if receipts is not None:
+        violations += _receipt_problems(list(receipts), by_id, deliveries, tally)
+    return violations, tally
+
+
+def _receipt_problems(receipts: list[Receipt], notifications: Mapping[str, Notification],
+                      deliveries: Sequence[Delivery], tally: NotifyTally) -> list[str]:
+    """What the receivers got, held to the deliveries (see notification_problems)."""
+    violations = []
+    ours = {(d.endpoint_id, d.notification_id) for d in deliveries}
+    accepted: Counter = Counter()  # (endpoint, notification) -> valid requests answered 2xx
+    tally.received = len(receipts)
+    for r in receipts:
+        where = f"{r.endpoint_id or 'an unknown path'} got {r.webhook_id}"
+        if not r.signature_ok:
+            tally.bad_signatures += 1
+            violations.append(f"{where}: a bad signature")
+        if r.endpoint_id is None or (r.endpoint_id, r.webhook_id) not in ours:
+            violations.append(f"{where}: not a notification of that endpoint")
+            continue
+        n = notifications.get(r.webhook_id)
+        if n is None:
+            continue  # a delivery of no notification: named above
+        if (r.type, r.job_id) != (n.type, n.job_id):
+            violations.append(f"{where}: the body says {r.type} of {r.job_id}, the notification is "
+                              f"{n.type} of {n.job_id}")
+        elif r.signature_ok and _is_2xx(r.answered):
+            accepted[r.endpoint_id, r.webhook_id] += 1
+    tally.duplicates = sum(k - 1 for k in accepted.values())
+    for d in deliveries:
+        if d.status == DeliveryStatus.DELIVERED and not accepted[d.endpoint_id, d.notification_id]:
+            violations.append(f"{d.notification_id} to {d.endpoint_id}: delivered, but its receiver never "
+                              f"accepted it with a valid signature")
+    return violations
+
+
+NOTIFIED_JOBS = f"""
+select j.id, j.owner_id, j.status, j.created_at, j.finished_at,
+       (select count(*) from job_events e where e.job_id = j.id and e.type = '{EventType.TASK_SAVED}'
+          and e.detail->>'job_was_closed' = 'false') as ran
+from jobs j
+"""
+ENDPOINTS = "select id, owner_id, events, created_at, deleted_at from webhook_endpoints"
+NOTIFICATIONS = """
+select id, owner_id, job_id, type, created_at, data->>'id' as data_id, data->>'status' as data_status
+from notifications
+"""
+DELIVERIES = f"""
+select d.notification_id, d.endpoint_id, d.status, d.attempts, d.last_status_code, d.retry_from,
+       d.id in (select o.delivery_id from outbox o where o.kind = '{IntentKind.NOTIFY}') as has_intent
+from deliveries d
+"""
+
+
+async def notifications_kept(conn, receipts: Iterable[Receipt] | None = None) -> tuple[Check, NotifyTally]:
+    """`notification_problems` over the database's rows (and, given them,
+    what the receivers got), read in one snapshot; the check's note is the
+    tally's line. Not among `system_checks`: like the client's checks, it
+    wants what the run recorded (the receipts)."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        return await _notifications_kept(conn, receipts)
+
+
+async def _notifications_kept(conn, receipts: Iterable[Receipt] | None) -> tuple[Check, NotifyTally]:
+    jobs = [NotifiedJob(r["id"], r["owner_id"], r["status"], r["created_at"], r["finished_at"], r["ran"])
+            for r in await conn.fetch(NOTIFIED_JOBS)]
+    endpoints = [Endpoint(r["id"], r["owner_id"], tuple(r["events"]), r["created_at"], r["deleted_at"])
+                 for r in await conn.fetch(ENDPOINTS)]
+    notifications = [Notification(r["id"], r["owner_id"], r["job_id"], r["type"], r["created_at"], r["data_id"],
+                                  r["data_status"]) for r in await conn.fetch(NOTIFICATIONS)]
+    deliveries = [Delivery(r["notification_id"], r["endpoint_id"], r["status"], r["attempts"],
+                           r["last_status_code"], r["retry_from"], r["has_intent"])
+                  for r in await conn.fetch(DELIVERIES)]
+    now = await conn.fetchval("select now()")
+    violations, tally = notification_problems(jobs, endpoints, notifications, deliveries, receipts, now)
+    return Check(NOTIFY_CHECK, len(jobs) + tally.notifications, violations, tally.line()), tally
+
+
+# --- the timeline tells each job's story -------------------------------------------------------
+
+TIMELINE_CHECK = "each job's timeline tells its story"
+# After its close a job's timeline may still say: a status call that was out
+# when it closed, a task saved on the closed job (then cancelled), and its
+# notifications' deliveries.
+AFTER_CLOSE = {"status_checked", "task_saved", "notification_delivered", "notification_failed"}
+
+
+class StoryJob(NamedTuple):
+    id: str
+    status: str
+    provider: str
+    model: str
+    credits_reserved: int
+    credits_charged: int
+    credits_refunded: int
+    error_code: str | None
+    provider_task_id: str | None
+    submit_attempts: int
+    assets: tuple[tuple[int, int, str], ...]  # (index, bytes, sha256) of each stored output
+    delivered: int  # its notifications' deliveries by status
+    failed: int
+
+
+class Line(NamedTuple):
+    type: str
+    detail: Mapping[str, Any]
+
+
+def timeline_problems(job: StoryJob, lines: Sequence[Line]) -> list[str]:
+    """What is wrong with one job's timeline (its lines in order) as the
+    story of that job, read against the job's own row (pure): created first
+    and once, with what was asked; a submit_sent per claim; the task saved
+    once, naming the job's task; a call_started only for a sync job; each
+    stored output and the close (its money, its status) exactly once and in
+    that order; nothing after the close but what may follow it; one line
+    per ended delivery."""
+    problems: list[str] = []
+    types = [line.type for line in lines]
+    count = Counter(types)
+
+    def bad(what: str) -> None:
+        problems.append(f"{job.id} ({job.status}): {what}")
+
+    if not lines or types[0] != "created" or count["created"] != 1:
+        bad(f"the timeline does not start with one `created` line: {types[:3]}")
+    else:
+        created = lines[0].detail
+        if (created.get("provider"), created.get("model"), created.get("max_credits")) != \
+                (job.provider, job.model, job.credits_reserved):
+            bad(f"`created` says {dict(created)}, the job is {job.provider}/{job.model} for {job.credits_reserved}")
+    if count["submit_sent"] != job.submit_attempts:
+        bad(f"{count['submit_sent']} submit_sent lines for {job.submit_attempts} submit claims")
+    saved = [line for line in lines if line.type == "task_saved"]
+    if job.provider_task_id is None and saved:
+        bad("a task_saved line on a job with no task")
+    if job.provider_task_id is not None and [line.detail.get("task_id") for line in saved] != [job.provider_task_id]:
+        bad(f"task_saved lines {[line.detail.get('task_id') for line in saved]}, the job's task is "
+            f"{job.provider_task_id}")
+    if count["call_started"] and not is_sync(job.provider, job.model):
+        bad("call_started on an async job")
+    stored = sorted((line.detail.get("index"), line.detail.get("bytes"), line.detail.get("sha256"))
+                    for line in lines if line.type == "output_stored")
+    if stored != sorted(job.assets):
+        bad(f"output_stored lines {stored} are not its outputs {sorted(job.assets)}")
+    closes = [i for i, t in enumerate(types) if t == "closed"]
+    if job.status in TERMINAL:
+        if len(closes) != 1:
+            bad(f"{len(closes)} closed lines")
+        else:
+            at = closes[0]
+            closed = lines[at].detail
+            said = (closed.get("status"), closed.get("charged"), closed.get("refunded"), closed.get("error_code"))
+            actual = (job.status, job.credits_charged, job.credits_refunded, job.error_code)
+            if said != actual:
+                bad(f"`closed` says {said}, the job is {actual}")
+            if any(t == "output_stored" for t in types[at + 1:]):
+                bad("an output stored after the close")
+            late = [t for t in types[at + 1:] if t not in AFTER_CLOSE]
+            if late:
+                bad(f"after the close: {late}")
+    elif closes:
+        bad("a closed line on a job still in flight")
+    if (count["notification_delivered"], count["notification_failed"]) != (job.delivered, job.failed):
+        bad(f"{count['notification_delivered']} delivered and {count['notification_failed']} failed lines for "
+            f"{job.delivered} delivered and {job.failed} failed deliveries")
+    return problems
+
+
+STORY_JOBS = """
+select j.id, j.status, j.provider, j.model, j.credits_reserved, j.credits_charged, j.credits_refunded,
+       j.error_code, j.provider_task_id, j.submit_attempts,
+       coalesce((select array_agg(array[a.index::text, a.bytes::text, a.sha256] order by a.index)
+                 from assets a where a.job_id = j.id), '{}') as assets,
+       (select count(*) from deliveries d join notifications n on n.id = d.notification_id
+        where n.job_id = j.id and d.status = 'delivered') as delivered,
+       (select count(*) from deliveries d join notifications n on n.id = d.notification_id
+        where n.job_id = j.id and d.status = 'failed') as failed
+from jobs j order by j.id
+"""
+STORY_LINES = "select job_id, type, detail from job_events order by job_id, id"
+
+
+async def timelines_tell_the_story(conn) -> Check:
+    lines: dict[str, list[Line]] = {}
+    for r in await conn.fetch(STORY_LINES):
+        detail = r["detail"] if isinstance(r["detail"], Mapping) else json.loads(r["detail"])
+        lines.setdefault(r["job_id"], []).append(Line(r["type"], detail))
+    problems: list[str] = []
+    rows = await conn.fetch(STORY_JOBS)
+    for r in rows:
+        assets = tuple((int(i), int(b), sha) for i, b, sha in (r["assets"] or []))
+        job = StoryJob(r["id"], r["status"], r["provider"], r["model"], r["credits_reserved"], r["credits_charged"],
+                       r["credits_refunded"], r["error_code"], r["provider_task_id"], r["submit_attempts"], assets,
+                       r["delivered"], r["failed"])
+        problems += timeline_problems(job, lines.get(job.id, []))
+    return Check(TIMELINE_CHECK, len(rows), problems)
+
+
 # --- all of them -----------------------------------------------------------------------------
 
 async def system_checks(conn, *, sim_stats: Mapping[str, Any], storage: Storage,
@@ -980,6 +1396,7 @@ async def _system_checks(conn, sim_stats, storage, simulator_bytes, tasks_by_job
         await active_slots(conn),
         await closed_jobs_hold_no_secret(conn),
         await no_intent_for_terminal_job(conn),
+        await timelines_tell_the_story(conn),
     ]
     if caps:
         checks.append(await caps_at_provider(conn, sim_stats, caps, models))
