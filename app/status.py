@@ -8,7 +8,7 @@ from app import db
 from app.capacity import capped_providers
 from app.config import Settings
 from app.domain import jobs, pauses
-from app.vocabulary import ALL_STATUSES, JobError, JobStatus
+from app.vocabulary import ALL_STATUSES, DeliveryStatus, JobError, JobStatus
 
 QUERIES = {
     "jobs": "select status, count(*) as n from jobs group by status order by status",
@@ -22,6 +22,10 @@ QUERIES = {
         select id, provider, created_at, last_error from jobs where status = '{JobStatus.UNCERTAIN}'
         order by created_at limit 10""",
     "exhausted": f"select count(*) from jobs where error_code = '{JobError.SETTLE_EXHAUSTED}'",
+    # Both counts read small partial indexes (deliveries_endpoint, deliveries_failed).
+    "deliveries": f"""
+        select (select count(*) from deliveries where status = '{DeliveryStatus.PENDING}') as pending,
+               (select count(*) from deliveries where status = '{DeliveryStatus.FAILED}') as failed""",
     "settlers": """
         select count(*) filter (where application_name = 'longcall-settler-listen') as settlers,
                count(*) filter (where application_name like 'longcall-web%') as web_connections
@@ -40,6 +44,7 @@ async def collect(conn, caps: Mapping[str, int | None] | None = None) -> dict:
         "intents": [dict(r) for r in await conn.fetch(QUERIES["intents"])],
         "uncertain_jobs": [dict(r) for r in await conn.fetch(QUERIES["uncertain_jobs"])],
         "exhausted": await conn.fetchval(QUERIES["exhausted"]),
+        "deliveries": dict(await conn.fetchrow(QUERIES["deliveries"])),
         "activity": dict(await conn.fetchrow(QUERIES["settlers"])),
     }
 
@@ -56,6 +61,9 @@ def render(s: dict) -> str:
     lines.append(f"settlers: {s['activity']['settlers']} connected "
                  f"(web connections: {s['activity']['web_connections']})")
     lines.append(f"settle_exhausted jobs: {s['exhausted']}")
+    d = s.get("deliveries") or {"pending": 0, "failed": 0}
+    lines.append(f"notifications: {d['pending']} deliveries pending, {d['failed']} failed"
+                 + (" (GET /v1/notifications shows them; redeliver re-queues one)" if d["failed"] else ""))
     for provider in sorted(set(s.get("caps", {})) | set(s.get("pauses", {}))):
         cap = s["caps"].get(provider)
         line = f"provider: {provider} {s['submitted'].get(provider, 0)} in flight"

@@ -52,6 +52,7 @@ create table deliveries (
     unique (notification_id, endpoint_id)
 );
 create index deliveries_endpoint on deliveries (endpoint_id) where status = 'pending';
+create index deliveries_failed on deliveries (endpoint_id) where status = 'failed';  -- longcall status
 
 -- Every attempt, for support ("what did my endpoint answer?"): at most a few
 -- dozen per delivery over its 24 h.

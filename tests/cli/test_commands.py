@@ -99,6 +99,7 @@ def test_status_is_one_screen(run, db):
     assert owner
     out = run("status").stdout
     assert out.startswith("jobs:") and "settlers: 0 connected" in out and "uncertain jobs: 0" in out
+    assert "notifications: 0 deliveries pending, 0 failed" in out
     assert len(out.splitlines()) < 25
 
 
