@@ -6,10 +6,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: dev check test test-typescript test-pg15 chaos bench fuzz install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e clients/python
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -20,8 +21,9 @@ dev: $(STAMP)
 # Lint, types and the walls between packages; zero findings, or CI is red.
 # Formatting is by hand (no `ruff format`): see the README.
 check: $(STAMP)
-	$(BIN)/ruff check app outbox proof tests tools
+	$(BIN)/ruff check app outbox proof tests tools clients/python clients/testing
 	$(BIN)/mypy app outbox
+	$(BIN)/mypy --strict clients/python/src
 	$(BIN)/lint-imports
 	$(BIN)/python tools/check_vocabulary.py
 

@@ -1,0 +1,242 @@
+"""The synchronous client: `_core`'s calls over an `httpx.Client`."""
+from __future__ import annotations
+
+import builtins
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from longcall_client import _core as core
+from longcall_client.models import (
+    Account,
+    DownloadedOutput,
+    Event,
+    Job,
+    JobPage,
+    Model,
+    Notification,
+    NotificationPage,
+    WebhookEndpoint,
+    endpoints_from_json,
+    events_from_json,
+    models_from_json,
+)
+
+
+class _Transport:
+    def __init__(self, config: core.Config, http_client: httpx.Client | None):
+        self.config = config
+        self.http = http_client if http_client is not None else httpx.Client()
+        self.owns_http = http_client is None
+
+    def send(self, call: core.Call, *, stream: bool = False) -> httpx.Response:
+        """The answer to `call` once it is a success or a redirect, after the
+        retries `_core` allows; any other answer is raised as its LongcallError.
+        With `stream`, the caller reads and closes the answer."""
+        attempt = 0
+        while True:
+            request = core.build_request(self.http, self.config, call)
+            try:
+                response = self.http.send(request, stream=stream, follow_redirects=False)
+            except httpx.TransportError as e:
+                delay = core.delay_after_error(call, attempt, self.config.max_retries, e)
+                if delay is None:
+                    raise core.connection_error(e) from e
+            else:
+                if response.status_code < 400:
+                    return response
+                try:
+                    content = response.read()
+                finally:
+                    response.close()
+                delay = core.delay_after_status(call, attempt, self.config.max_retries, response.status_code,
+                                                response.headers)
+                if delay is None:
+                    raise core.answer_error(response.status_code, response.headers, content)
+            time.sleep(delay)
+            attempt += 1
+
+    def json(self, call: core.Call) -> Any:
+        response = self.send(call)
+        return core.decode_answer(response.status_code, response.headers, response.content)
+
+    def open_storage(self, url: str) -> httpx.Response:
+        """A streamed GET of a presigned URL, without the API key, redirects followed."""
+        try:
+            response = self.http.send(core.storage_request(self.http, self.config, url), stream=True,
+                                      follow_redirects=True)
+        except httpx.TransportError as e:
+            raise core.connection_error(e) from e
+        if response.status_code != 200:
+            response.close()
+            raise core.storage_failure(response.status_code)
+        return response
+
+    def close(self) -> None:
+        if self.owns_http:
+            self.http.close()
+
+
+class Jobs:
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    def create(self, provider: str, model: str, input: dict[str, Any], max_credits: int,
+               metadata: dict[str, Any] | None = None, idempotency_key: str | None = None, *,
+               owner: str | None = None) -> Job:
+        """Create a job (202), or get the one this `idempotency_key` already made (200).
+        Without a key one is generated, and this call's own retries reuse it,
+        so a lost answer never creates a second job."""
+        call = core.create_job(provider, model, input, max_credits, metadata, idempotency_key, owner)
+        return Job.from_json(self._t.json(call))
+
+    def get(self, job_id: str, *, wait: float | None = None, owner: str | None = None) -> Job:
+        """The job now; with `wait` (≤ 30 s) the server holds the answer until the job changes or `wait` passes."""
+        return Job.from_json(self._t.json(core.get_job(job_id, wait, owner)))
+
+    def list(self, status: str | None = None, limit: int | None = None, cursor: str | None = None, *,
+             owner: str | None = None) -> JobPage:
+        """One page of the owner's jobs, newest first."""
+        return JobPage.from_json(self._t.json(core.list_jobs(status, limit, cursor, owner)))
+
+    def iterate(self, status: str | None = None, page_size: int | None = None, *,
+                owner: str | None = None) -> Iterator[Job]:
+        """Every job of the owner, newest first, fetching pages as it goes."""
+        cursor = None
+        while True:
+            page = self.list(status, page_size, cursor, owner=owner)
+            yield from page.jobs
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def wait(self, job_id: str, timeout: float, *, owner: str | None = None) -> Job:
+        """Long-poll the job until it is terminal or `timeout` seconds have passed.
+        Returns the job either way: check `job.terminal` (no exception on timeout)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get(job_id, wait=core.poll_seconds(deadline - time.monotonic()), owner=owner)
+            if job.terminal or time.monotonic() >= deadline:
+                return job
+
+    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+        """Cancel a job not yet terminal (fully refunded); InvalidState if it already is."""
+        return Job.from_json(self._t.json(core.cancel_job(job_id, owner)))
+
+    def events(self, job_id: str, *, owner: str | None = None) -> builtins.list[Event]:
+        """The job's timeline, oldest first."""
+        return events_from_json(self._t.json(core.job_events(job_id, owner)))
+
+    def download(self, job_id: str, index: int, path: str | os.PathLike[str], *,
+                 owner: str | None = None) -> DownloadedOutput:
+        """Stream output `index` of the job to `path` (replaced only once the
+        download is complete). A redirect to storage (a presigned URL) is
+        followed without the API key."""
+        response = self._t.send(core.job_output(job_id, index, owner), stream=True)
+        try:
+            if response.status_code in core.REDIRECTS:
+                target = core.redirect_target(response)
+                response.close()
+                response = self._t.open_storage(target)
+            elif response.status_code != 200:
+                raise core.storage_failure(response.status_code)
+            part = core.PartFile(path)
+            try:
+                for chunk in response.iter_bytes(core.CHUNK):
+                    part.write(chunk)
+                return part.finish(response.headers)
+            except BaseException:
+                part.abort()
+                raise
+        except httpx.TransportError as e:
+            raise core.connection_error(e) from e
+        finally:
+            response.close()
+
+
+class AccountResource:
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    def get(self, *, owner: str | None = None) -> Account:
+        """The owner's credits (balance, reserved, charged) and active slots."""
+        return Account.from_json(self._t.json(core.get_account(owner)))
+
+
+class Models:
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    def list(self) -> builtins.list[Model]:
+        return models_from_json(self._t.json(core.list_models()))
+
+
+class WebhookEndpoints:
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    def create(self, url: str, events: builtins.list[str] | None = None) -> WebhookEndpoint:
+        """Register an endpoint; its `secret` is in this answer only: store it."""
+        return WebhookEndpoint.from_json(self._t.json(core.create_endpoint(url, events)))
+
+    def list(self) -> builtins.list[WebhookEndpoint]:
+        """The endpoints, oldest first (without their secrets)."""
+        return endpoints_from_json(self._t.json(core.list_endpoints()))
+
+    def delete(self, endpoint_id: str) -> None:
+        self._t.json(core.delete_endpoint(endpoint_id))
+
+
+class Notifications:
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    def list(self, job_id: str | None = None, limit: int | None = None,
+             cursor: str | None = None) -> NotificationPage:
+        """One page of the owner's notifications, newest first, with each endpoint's delivery state."""
+        return NotificationPage.from_json(self._t.json(core.list_notifications(job_id, limit, cursor)))
+
+    def redeliver(self, notification_id: str) -> Notification:
+        """Queue the notification again to its endpoints; returns it, its deliveries pending."""
+        return Notification.from_json(self._t.json(core.redeliver_notification(notification_id)))
+
+
+class Client:
+    """The longcall API, synchronously.
+
+        with Client("http://127.0.0.1:8000", "lc_...") as client:
+            job = client.jobs.create("sim", "image-fast", {"prompt": "a lighthouse"}, max_credits=10)
+
+    `owner`: act for an owner under a platform key (header Longcall-Owner);
+    each jobs/account call may override it. `http_client`: an httpx.Client of
+    your own (its base URL is not used, and it is not closed by `close()`).
+    `max_retries`: how often one call is sent again after a connection error,
+    a 503, or a 429 that says when (reads and creates only; 0 turns it off).
+    """
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = core.DEFAULT_TIMEOUT_S,
+                 owner: str | None = None, http_client: httpx.Client | None = None,
+                 max_retries: int = core.DEFAULT_MAX_RETRIES):
+        self._config = core.Config(base_url=base_url, api_key=api_key, timeout=timeout, owner=owner,
+                                   max_retries=max_retries)
+        self._transport = _Transport(self._config, http_client)
+        self.jobs = Jobs(self._transport)
+        self.account = AccountResource(self._transport)
+        self.models = Models(self._transport)
+        self.webhook_endpoints = WebhookEndpoints(self._transport)
+        self.notifications = Notifications(self._transport)
+
+    def __repr__(self) -> str:
+        return f"Client(base_url={self._config.base_url!r})"
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
