@@ -18,6 +18,8 @@ from app.config import load_settings
 from app.domain import owners
 from app.embedded import EmbeddedPostgres
 from app.migrate import migrate
+from outbox.context import Context
+from outbox.settler import Settler
 from tests.support.loopback import serve_in_loop
 
 TABLES = ("outbox, delivery_attempts, deliveries, notifications, webhook_endpoints, job_events, assets, ledger, "
@@ -133,3 +135,23 @@ def make_owner(db):
         async with db.acquire() as conn:
             return await owners.create_owner(conn, name, credits, max_active)
     return make
+
+
+@pytest.fixture
+async def start_settler():
+    """`await start_settler(settings)`: a settler on the test's event loop, stopped after it."""
+    started = []
+
+    async def start(settings, *, concurrency: int = 8, sweep_interval_s: float = 0,
+                    provider_timeout_s: float = 2.0) -> Settler:
+        ctx = await Context.open(settings, provider_timeout_s=provider_timeout_s)
+        settler = Settler(ctx, concurrency, sweep_interval_s=sweep_interval_s)
+        task = asyncio.create_task(settler.run())
+        started.append((settler, task, ctx))
+        return settler
+
+    yield start
+    for settler, task, ctx in started:
+        settler.stop()
+        await asyncio.wait_for(task, 30)
+        await ctx.close()

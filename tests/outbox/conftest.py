@@ -1,6 +1,7 @@
 """Fixtures for the settler: the simulator (a real HTTP server in its own
 process), settlers running in-process on the test's event loop, and helpers
-to wait for a job to reach a state."""
+to wait for a job to reach a state (`start_settler` is in tests/conftest.py:
+the web tests run settlers too)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +11,6 @@ import httpx
 import pytest
 
 from app.domain import jobs
-from outbox.context import Context
-from outbox.settler import Settler
 from tests.support.simulator import RunningSimulator
 
 
@@ -26,25 +25,6 @@ def sim(sim_server):
     httpx.post(f"{sim_server.url}/_sim/reset", timeout=5)
     yield sim_server
     httpx.delete(f"{sim_server.url}/_sim/faults", timeout=5)
-
-
-@pytest.fixture
-async def start_settler():
-    started = []
-
-    async def start(settings, *, concurrency: int = 8, sweep_interval_s: float = 0,
-                    provider_timeout_s: float = 2.0) -> Settler:
-        ctx = await Context.open(settings, provider_timeout_s=provider_timeout_s)
-        settler = Settler(ctx, concurrency, sweep_interval_s=sweep_interval_s)
-        task = asyncio.create_task(settler.run())
-        started.append((settler, task, ctx))
-        return settler
-
-    yield start
-    for settler, task, ctx in started:
-        settler.stop()
-        await asyncio.wait_for(task, 30)
-        await ctx.close()
 
 
 async def wait_for_status(pool, job_id: str, statuses, timeout: float = 20.0) -> dict:

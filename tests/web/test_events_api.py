@@ -5,7 +5,6 @@ that keep it small (a repeated status check is one line; repeated lines
 stop at MAX_REPEATED_LINES)."""
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from urllib.parse import parse_qs, urlsplit
 
@@ -13,8 +12,6 @@ import pytest
 
 from app.domain import events
 from app.domain.events import MAX_REPEATED_LINES
-from outbox.context import Context
-from outbox.settler import Settler
 from tests.outbox.conftest import wait_for_status
 from tests.outbox.test_sync_jobs import claude_job, sync_env
 from tests.support.simulator import RunningSimulator, stats
@@ -26,23 +23,6 @@ JOB = {"provider": "sim", "model": "image-fast", "input": {"prompt": "a cat"}, "
 def sim():
     with RunningSimulator() as running:
         yield running
-
-
-@pytest.fixture
-async def settler_with():
-    started = []
-
-    async def start(settings) -> Settler:
-        ctx = await Context.open(settings, provider_timeout_s=5.0)
-        settler = Settler(ctx, 4, sweep_interval_s=0)
-        started.append((settler, asyncio.create_task(settler.run()), ctx))
-        return settler
-
-    yield start
-    for settler, task, ctx in started:
-        settler.stop()
-        await asyncio.wait_for(task, 30)
-        await ctx.close()
 
 
 async def timeline(c, job_id: str) -> list[dict]:
@@ -90,14 +70,14 @@ async def test_who_may_read_a_timeline(web, make_owner, db):
                 assert (await a.get(f"/v1/jobs/{missing}/events")).status_code == 404
 
 
-async def test_a_succeeded_job_tells_its_story_in_order(web, make_owner, db, make_settings, settler_with, sim,
+async def test_a_succeeded_job_tells_its_story_in_order(web, make_owner, db, make_settings, start_settler, sim,
                                                        tmp_path):
     # Checked every 0.2 s while it runs for 2 s: many status calls, one line per state.
     models = tmp_path / "models.toml"
     models.write_text('[[models]]\nprovider = "sim"\nmodel = "*"\npoll_every_s = [0.2]\n')
     env = {"SIM_URL": sim.url, "MODELS_FILE": str(models)}
     server = await web(**env)
-    await settler_with(make_settings(**env))
+    await start_settler(make_settings(**env), concurrency=4, provider_timeout_s=5.0)
     owner = await make_owner(credits=100)
     calls_before = stats(sim.url)["status_calls"]
     async with server.client(owner.api_key) as c:
@@ -131,11 +111,12 @@ async def test_a_succeeded_job_tells_its_story_in_order(web, make_owner, db, mak
     assert closed["price_applied"]["charged"] == 4
 
 
-async def test_a_job_closed_by_its_webhook_says_the_webhook_came(web, make_owner, db, make_settings, settler_with,
+async def test_a_job_closed_by_its_webhook_says_the_webhook_came(web, make_owner, db, make_settings, start_settler,
                                                                  sim):
     server = await web(SIM_URL=sim.url)
     # With a webhook registered the sim job is not polled for 30 s: its webhook closes it.
-    await settler_with(make_settings(SIM_URL=sim.url, PUBLIC_URL=server.url))
+    await start_settler(make_settings(SIM_URL=sim.url, PUBLIC_URL=server.url), concurrency=4,
+                        provider_timeout_s=5.0)
     owner = await make_owner(credits=100)
     async with server.client(owner.api_key) as c:
         created = (await c.post("/v1/jobs", json={**JOB, "input": {"duration_s": 0.5, "cost": 2}})).json()
@@ -164,10 +145,10 @@ async def test_a_cancelled_job_is_created_then_closed(web, make_owner, db):
     assert lines[0]["detail"]["metadata"] == {}
 
 
-async def test_a_sync_call_says_when_it_started(web, make_owner, db, make_settings, settler_with, sim):
+async def test_a_sync_call_says_when_it_started(web, make_owner, db, make_settings, start_settler, sim):
     env = sync_env(sim.url)
     server = await web(**env)
-    await settler_with(make_settings(**env))
+    await start_settler(make_settings(**env), concurrency=4, provider_timeout_s=5.0)
     owner = await make_owner(credits=100)
     async with server.client(owner.api_key) as c:
         created = (await c.post("/v1/jobs", json=claude_job(output_text="Hello!"))).json()

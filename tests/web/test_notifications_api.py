@@ -18,8 +18,6 @@ import standardwebhooks
 from app.signing.secretbox import SecretBox
 from app.vocabulary import DEFAULT_EVENTS
 from app.web import create_app
-from outbox.context import Context
-from outbox.settler import Settler
 from tests.conftest import Served, serve_app
 from tests.support.receiver import Receiver, RunningReceiver
 
@@ -57,24 +55,6 @@ async def app_with(db, make_settings):
     for server, task in started:
         server.should_exit = True
         await task
-
-
-@pytest.fixture
-async def settler_with():
-    """`await settler_with(settings)`: a settler on this event loop."""
-    started = []
-
-    async def start(settings) -> Settler:
-        ctx = await Context.open(settings, provider_timeout_s=2.0)
-        settler = Settler(ctx, 4, sweep_interval_s=0)
-        started.append((settler, asyncio.create_task(settler.run()), ctx))
-        return settler
-
-    yield start
-    for settler, task, ctx in started:
-        settler.stop()
-        await asyncio.wait_for(task, 30)
-        await ctx.close()
 
 
 async def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
@@ -287,7 +267,7 @@ async def test_no_endpoint_for_the_event_writes_no_notification(app_with, make_o
 
 
 async def test_redeliver_a_delivered_notification_sends_it_again_under_the_same_id(app_with, make_owner, db,
-                                                                                  make_settings, settler_with):
+                                                                                  make_settings, start_settler):
     with RunningReceiver(Receiver()) as rx:
         env = {"NOTIFY_ALLOWED_ORIGINS": rx.origin}
         server = await app_with(**env)
@@ -295,7 +275,7 @@ async def test_redeliver_a_delivered_notification_sends_it_again_under_the_same_
         async with server.client(owner.api_key) as c:
             endpoint = (await c.post("/v1/webhook-endpoints", json={"url": rx.url})).json()
             job_id = await cancelled_job(c)
-            await settler_with(make_settings(**env))
+            await start_settler(make_settings(**env), concurrency=4)
 
             async def delivery():
                 [n] = (await c.get("/v1/notifications")).json()["notifications"]
