@@ -24,8 +24,8 @@ QUERIES = {
     "exhausted": f"select count(*) from jobs where error_code = '{JobError.SETTLE_EXHAUSTED}'",
     # Both counts read small partial indexes (deliveries_endpoint, deliveries_failed).
     "deliveries": f"""
-        select (select count(*) from deliveries where status = '{DeliveryStatus.PENDING}') as pending,
-               (select count(*) from deliveries where status = '{DeliveryStatus.FAILED}') as failed""",
+        select (select count(*) from deliveries where status = '{DeliveryStatus.PENDING}') as waiting,
+               (select count(*) from deliveries where status = '{DeliveryStatus.FAILED}') as given_up""",
     "settlers": """
         select count(*) filter (where application_name = 'longcall-settler-listen') as settlers,
                count(*) filter (where application_name like 'longcall-web%') as web_connections
@@ -61,9 +61,9 @@ def render(s: dict) -> str:
     lines.append(f"settlers: {s['activity']['settlers']} connected "
                  f"(web connections: {s['activity']['web_connections']})")
     lines.append(f"settle_exhausted jobs: {s['exhausted']}")
-    d = s.get("deliveries") or {"pending": 0, "failed": 0}
-    lines.append(f"notifications: {d['pending']} deliveries pending, {d['failed']} failed"
-                 + (" (GET /v1/notifications shows them; redeliver re-queues one)" if d["failed"] else ""))
+    d = s.get("deliveries") or {"waiting": 0, "given_up": 0}
+    lines.append(f"notifications: {d['waiting']} deliveries pending, {d['given_up']} failed"
+                 + (" (GET /v1/notifications shows them; redeliver re-queues one)" if d["given_up"] else ""))
     for provider in sorted(set(s.get("caps", {})) | set(s.get("pauses", {}))):
         cap = s["caps"].get(provider)
         line = f"provider: {provider} {s['submitted'].get(provider, 0)} in flight"
