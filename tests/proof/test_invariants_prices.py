@@ -171,7 +171,11 @@ async def _checks(db, storage, stats, models=MODELS) -> dict[str, invariants.Che
 
 
 async def _failing(db, storage, stats, models=MODELS) -> set[str]:
-    return {name for name, c in (await _checks(db, storage, stats, models)).items() if c.violations}
+    # Without the timeline check: these tests change a job's row by hand, so
+    # its timeline (which recorded the truth) disagrees too. That check has
+    # its own tests (test_invariants_timeline.py).
+    return {name for name, c in (await _checks(db, storage, stats, models)).items()
+            if c.violations and name != invariants.TIMELINE_CHECK}
 
 
 async def test_a_system_charged_its_prices_passes(system):

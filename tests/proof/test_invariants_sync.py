@@ -93,7 +93,10 @@ async def system(db, make_owner, tmp_objects):
 async def _failing(db, storage, stats) -> set[str]:
     async with db.acquire() as conn:
         checks = await invariants.system_checks(conn, sim_stats=stats, storage=storage)
-    return {c.name for c in checks if c.violations}
+    # Without the timeline check: these tests change a job's row by hand, so
+    # its timeline (which recorded the truth) disagrees too; it has its own
+    # tests (test_invariants_timeline.py).
+    return {c.name for c in checks if c.violations and c.name != invariants.TIMELINE_CHECK}
 
 
 async def test_a_kept_system_passes_every_check(system):
