@@ -248,6 +248,12 @@ class Settler:
             async with self.ctx.pool.acquire() as conn:
                 if await intents.finish_many(conn, batch):
                     self._due()  # asked again while we worked: run them again
+        except asyncio.CancelledError:
+            # Shutdown cancels the batch writer, maybe mid-write: the batch goes
+            # back for the final flush (deleting twice is harmless), else these
+            # intents would wait out their leases and run again for nothing.
+            self.finished = batch + self.finished
+            raise
         except Exception as e:  # their leases will bring them back; the steps are idempotent
             log.warning("could not delete finished intents", extra={"count": len(batch),
                                                                     "error": type(e).__name__})
