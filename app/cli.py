@@ -82,6 +82,9 @@ def _parser(plugins: Mapping[str, Subcommand | str] | None = None) -> argparse.A
     s.add_argument("name")
     s.add_argument("--credits", type=int, default=0)
     s.add_argument("--max-active", type=int, default=10)
+    s.add_argument("--platform", action="store_true",
+                   help="a platform owner: its keys create owners under it, grant them credits "
+                        "and act for them (Longcall-Owner)")
     s.add_argument("--json", action="store_true")
     s = owners.add_parser("grant", help="add credits to an owner")
     s.add_argument("owner_id")
@@ -194,7 +197,7 @@ def _cmd_owners(args) -> int:
     if args.action == "create":
         try:
             new = asyncio.run(_with_conn(settings, lambda c: owners.create_owner(
-                c, args.name, args.credits, args.max_active)))
+                c, args.name, args.credits, args.max_active, platform=args.platform)))
         except ValueError as e:
             raise CommandError(str(e)) from None
         if args.json:

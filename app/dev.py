@@ -132,7 +132,8 @@ async def _demo_owner(settings) -> tuple[str, str]:
     try:
         if saved.exists():
             demo = json.loads(saved.read_text())
-            if await owners.authenticate(conn, demo["api_key"]) == demo["owner_id"]:
+            caller = await owners.authenticate(conn, demo["api_key"])
+            if caller is not None and caller.owner_id == demo["owner_id"]:
                 await owners.grant(conn, demo["owner_id"], 100)
                 return demo["owner_id"], demo["api_key"]
         new = await owners.create_owner(conn, "demo", credits=1000, max_active=20)

@@ -49,3 +49,7 @@ def is_endpoint_id(value: str) -> bool:
 
 def is_notification_id(value: str) -> bool:
     return isinstance(value, str) and NOTIFICATION_ID.fullmatch(value) is not None
+
+
+def is_owner_id(value: str) -> bool:
+    return isinstance(value, str) and OWNER_ID.fullmatch(value) is not None

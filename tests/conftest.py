@@ -131,9 +131,9 @@ async def web(db, make_settings):
 
 @pytest.fixture
 def make_owner(db):
-    async def make(credits: int = 1000, max_active: int = 10, name: str = "test"):
+    async def make(credits: int = 1000, max_active: int = 10, name: str = "test", platform: bool = False):
         async with db.acquire() as conn:
-            return await owners.create_owner(conn, name, credits, max_active)
+            return await owners.create_owner(conn, name, credits, max_active, platform=platform)
     return make
 
 

@@ -157,10 +157,14 @@ j.error_message, j.recheck_requested_at, j.metadata, {_OUTPUTS}
 """
 GET = f"select {_JOB_COLUMNS} from jobs j where j.id = $1"
 # Authentication and the read in one round trip (the hot path of polling
-# clients): no row = bad key; a row with no job = not this owner's job.
+# clients): no row = bad key; a row with no job = not this owner's job. With
+# a Longcall-Owner ($3) the job must be that owner's, and that owner under
+# the key's platform (`acting` is null when it is not).
 GET_WITH_KEY = f"""
-select k.owner_id as caller, {_JOB_COLUMNS}
-from api_keys k left join jobs j on j.id = $2 and j.owner_id = k.owner_id
+select k.owner_id as caller, a.id as acting, {_JOB_COLUMNS}
+from api_keys k join owners o on o.id = k.owner_id
+left join owners a on a.id = $3 and a.platform_id = k.owner_id and o.is_platform
+left join jobs j on j.id = $2 and j.owner_id = case when $3::text is null then k.owner_id else a.id end
 where k.key_hash = $1 and k.revoked_at is null
 """
 LIST = f"""
@@ -178,8 +182,9 @@ async def get_job(conn, job_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(GET, job_id)
 
 
-async def get_job_with_key(conn, key_hash: bytes, job_id: str) -> asyncpg.Record | None:
-    return await conn.fetchrow(GET_WITH_KEY, key_hash, job_id)
+async def get_job_with_key(conn, key_hash: bytes, job_id: str,
+                           acting_for: str | None = None) -> asyncpg.Record | None:
+    return await conn.fetchrow(GET_WITH_KEY, key_hash, job_id, acting_for)
 
 
 async def list_jobs(conn, owner_id: str, *, status: str | None, limit: int,

@@ -8,7 +8,12 @@ that the statement moving a job (app/domain/jobs.py: running, uncertain,
 every close) appends to itself, so the notification, its deliveries and
 their `notify` intents commit with the transition or not at all. A
 transition is *notified* when at least one of the owner's endpoints asks
-for its event; otherwise nothing is written (no endpoint, no cost).
+for its event; otherwise nothing is written (no endpoint, no cost). The
+endpoints of a platform receive its owners' notifications too.
+
+Who sees a delivery: the owner of its endpoint, and the platform of the
+notification's job owner (which may act for that owner anyway). A
+notification is listed for whoever sees one of its deliveries.
 
 Delivery (outbox/notify.py) records each attempt here with one statement,
 which also appends the job's timeline line when the delivery ends.
@@ -46,19 +51,23 @@ def stored_outputs(j: str) -> str:
 
 def written_with(j: str, outputs: str) -> str:
     """CTEs (each starting with a comma) that write the notification of the
-    transition CTE `j` made — `j` returns the job's new row — for each
-    endpoint of its owner that asks for the event. The statement's final
+    transition CTE `j` made — `j` returns the job's new row, one job — for
+    each endpoint of its owner, or of its owner's platform, that asks for
+    the event. The statement's final
     select must wake the settlers when `n_intents` wrote anything
     (`wakes_settlers`)."""
     return f""",
-n_endpoints as (
+n_owner as (
+    select o.platform_id from {j} join owners o on o.id = {j}.owner_id
+), n_endpoints as (
     select e.id as endpoint_id, {j}.id as job_id
-    from {j} join webhook_endpoints e on e.owner_id = {j}.owner_id and e.deleted_at is null
+    from {j} join webhook_endpoints e
+      on e.owner_id in ({j}.owner_id, (select platform_id from n_owner)) and e.deleted_at is null
     where 'job.' || {j}.status = any(e.events)
 ), n_notification as (
-    insert into notifications (id, owner_id, job_id, type, data)
-    select 'evt_' || replace(gen_random_uuid()::text, '-', ''), {j}.owner_id, {j}.id, 'job.' || {j}.status,
-           {snapshot(j, outputs)}
+    insert into notifications (id, owner_id, platform_id, job_id, type, data)
+    select 'evt_' || replace(gen_random_uuid()::text, '-', ''), {j}.owner_id, (select platform_id from n_owner),
+           {j}.id, 'job.' || {j}.status, {snapshot(j, outputs)}
     from {j} where exists (select 1 from n_endpoints)
     returning id, job_id
 ), n_deliveries as (
@@ -145,30 +154,38 @@ async def delete_endpoint(conn, endpoint_id: str, owner_id: str) -> bool:
 
 # --- notifications, as the owner reads them --------------------------------------
 
-LIST_NOTIFICATIONS = """
+# The deliveries of notification `n` that owner $1 sees.
+_SEEN = """
+from deliveries d join webhook_endpoints e on e.id = d.endpoint_id
+where d.notification_id = n.id and (e.owner_id = $1 or n.platform_id = $1)
+"""
+LIST_NOTIFICATIONS = f"""
 select n.id, n.type, n.job_id, n.created_at,
-       coalesce((select json_agg(json_build_object(
-                    'endpoint_id', d.endpoint_id, 'status', d.status, 'attempts', d.attempts,
-                    'last_status_code', d.last_status_code, 'last_attempt_at', d.last_attempt_at)
-                    order by d.id)
-                 from deliveries d where d.notification_id = n.id), '[]'::json) as deliveries
+       (select json_agg(json_build_object(
+                  'endpoint_id', d.endpoint_id, 'status', d.status, 'attempts', d.attempts,
+                  'last_status_code', d.last_status_code, 'last_attempt_at', d.last_attempt_at)
+                  order by d.id) {_SEEN}) as deliveries
 from notifications n
-where n.owner_id = $1 and ($2::text is null or n.job_id = $2) and ($6::text is null or n.id = $6)
+where (n.owner_id = $1 or n.platform_id = $1) and exists (select 1 {_SEEN})
+  and ($2::text is null or n.job_id = $2) and ($6::text is null or n.id = $6)
   and ($3::timestamptz is null or (n.created_at, n.id) < ($3, $4))
 order by n.created_at desc, n.id desc limit $5
 """
 
-# Queue a notification again: each of its deliveries that is not pending and
-# whose endpoint still exists goes back to pending, with a new 24 h counted
+# Queue a notification again: each of its deliveries that the owner sees, is
+# not pending and whose endpoint still exists goes back to pending, with a new 24 h counted
 # from now and its attempt count restarted, and a notify intent due now.
 REDELIVER = f"""
 with n as (
-    select id, job_id from notifications where id = $1 and owner_id = $2
+    select id, job_id, platform_id from notifications n
+    where id = $1 and (owner_id = $2 or platform_id = $2)
+      and exists (select 1 {_SEEN.replace("$1", "$2")})
 ), again as (
     update deliveries d set status = '{DeliveryStatus.PENDING}', attempts = 0, last_error = null,
         retry_from = now()
     from n, webhook_endpoints e
     where d.notification_id = n.id and e.id = d.endpoint_id and e.deleted_at is null
+      and (e.owner_id = $2 or n.platform_id = $2)
       and d.status <> '{DeliveryStatus.PENDING}'
     returning d.id
 ), intents as (

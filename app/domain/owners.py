@@ -1,7 +1,16 @@
 """Owners, their API keys and credit grants. Owns the `owners` and
-`api_keys` tables (and the ledger's `grant` rows)."""
+`api_keys` tables (and the ledger's `grant` rows).
+
+A *platform* owner's keys manage owners under it (CONTRACT.md: Apps with
+many users): create them, grant them credits or take credits back, and act
+for them (app/web/auth.py). Every grant is a ledger row; an owner's
+`granted` is the sum of its grant rows, negative ones included.
+"""
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
+import json
 from dataclasses import dataclass
 
 import asyncpg
@@ -10,7 +19,7 @@ from app import ids
 from app.vocabulary import LedgerKind
 
 CREATE_OWNER = """
-insert into owners (id, name, granted, balance, max_active) values ($1, $2, $3, $3, $4)
+insert into owners (id, name, granted, balance, max_active, is_platform) values ($1, $2, $3, $3, $4, $5)
 """
 GRANT_LEDGER = f"insert into ledger (owner_id, kind, amount) values ($1, '{LedgerKind.GRANT}', $2)"
 GRANT = """
@@ -20,15 +29,77 @@ CREATE_KEY = "insert into api_keys (prefix, key_hash, owner_id) values ($1, $2, 
 REVOKE_KEY = """
 update api_keys set revoked_at = now() where prefix = $1 and revoked_at is null returning owner_id
 """
+# Who a request is: the key's owner, whether it is a platform, and — with a
+# Longcall-Owner header ($2) — that owner when it is under the key's
+# platform. One round trip, every request (nothing cached: a revoked key
+# stops at once).
 AUTHENTICATE = """
-select owner_id from api_keys where key_hash = $1 and revoked_at is null
+select k.owner_id, o.is_platform, a.id as acting
+from api_keys k join owners o on o.id = k.owner_id
+left join owners a on a.id = $2 and a.platform_id = k.owner_id and o.is_platform
+where k.key_hash = $1 and k.revoked_at is null
 """
 ACCOUNT = """
 select id, balance, reserved, charged, granted, active, max_active from owners where id = $1
 """
+_OWNER_COLUMNS = "id, name, granted, balance, reserved, charged, active, max_active, created_at"
+
+# --- a platform's owners -------------------------------------------------------
+
+# A new owner under a platform, with its opening grant, in one statement. A
+# key already used by this platform inserts nothing (the unique constraint
+# waits for a concurrent insert of the same key to commit or roll back).
+CREATE_UNDER = f"""
+with o as (
+    insert into owners (id, name, granted, balance, max_active, platform_id, request_key, request_digest)
+    values ($1, $2, $3, $3, $4, $5, $6, $7)
+    on conflict (platform_id, request_key) do nothing
+    returning {_OWNER_COLUMNS}
+), opening as (
+    insert into ledger (owner_id, kind, amount) select id, '{LedgerKind.GRANT}', granted from o where granted <> 0
+)
+select {_OWNER_COLUMNS} from o
+"""
+OWNER_BY_REQUEST_KEY = f"""
+select {_OWNER_COLUMNS}, request_digest from owners where platform_id = $1 and request_key = $2
+"""
+GET_UNDER = f"select {_OWNER_COLUMNS} from owners where id = $2 and platform_id = $1"
+LIST_UNDER = f"""
+select {_OWNER_COLUMNS} from owners
+where platform_id = $1 and ($2::timestamptz is null or (created_at, id) < ($2, $3))
+order by created_at desc, id desc limit $4
+"""
+# A grant's ledger row first: a key already used for this owner inserts
+# nothing (and a concurrent request with the same key waits here for the
+# first to commit or roll back, so the money moves once). Then the owner's
+# counters, guarded so a claw-back never takes the balance below zero; the
+# caller rolls the ledger row back when that guard refuses.
+GRANT_ENTRY = f"""
+insert into ledger (owner_id, kind, amount, reason, request_key, request_digest)
+select o.id, '{LedgerKind.GRANT}', $3, $4, $5, $6 from owners o where o.id = $2 and o.platform_id = $1
+on conflict (owner_id, request_key) where request_key is not null do nothing
+returning id
+"""
+GRANT_MOVE = f"""
+update owners set granted = granted + $2, balance = balance + $2
+where id = $1 and balance + $2 >= 0
+returning {_OWNER_COLUMNS}
+"""
+GRANT_BY_REQUEST_KEY = f"""
+select l.request_digest from ledger l
+where l.owner_id = $1 and l.request_key = $2 and l.kind = '{LedgerKind.GRANT}'
+"""
 
 
 class NotFound(Exception):
+    pass
+
+
+class InsufficientCredits(Exception):
+    pass
+
+
+class IdempotencyConflict(Exception):
     pass
 
 
@@ -38,8 +109,34 @@ class NewOwner:
     api_key: str
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who a request is: the key's owner (`key_owner`) and the owner it acts
+    as (`owner_id`: the key's own, or the one its Longcall-Owner named)."""
+    key_owner: str
+    is_platform: bool
+    owner_id: str
+
+
+@dataclass(frozen=True)
+class Owner:
+    id: str
+    name: str
+    granted: int
+    balance: int
+    reserved: int
+    charged: int
+    active: int
+    max_active: int
+    created_at: dt.datetime
+
+    @classmethod
+    def of(cls, row) -> Owner:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+
 async def create_owner(conn: asyncpg.Connection, name: str, credits: int = 0,
-                       max_active: int = 10) -> NewOwner:
+                       max_active: int = 10, *, platform: bool = False) -> NewOwner:
     if not name or len(name) > 200:
         raise ValueError("NAME must be 1 to 200 characters")
     if credits < 0:
@@ -48,7 +145,7 @@ async def create_owner(conn: asyncpg.Connection, name: str, credits: int = 0,
         raise ValueError("--max-active must be 0 or more")
     owner_id = ids.new_owner_id()
     async with conn.transaction():
-        await conn.execute(CREATE_OWNER, owner_id, name, credits, max_active)
+        await conn.execute(CREATE_OWNER, owner_id, name, credits, max_active, platform)
         if credits:
             await conn.execute(GRANT_LEDGER, owner_id, credits)
         key = await _insert_key(conn, owner_id)
@@ -92,6 +189,7 @@ async def revoke_key(conn: asyncpg.Connection, prefix: str) -> str:
 
 
 async def grant(conn: asyncpg.Connection, owner_id: str, amount: int) -> None:
+    """The operator's grant (`longcall owners grant`): credits in, never out."""
     if amount < 1:
         raise ValueError("N must be a whole number of credits, at least 1")
     async with conn.transaction():
@@ -107,9 +205,24 @@ def lookup_hash(api_key: str) -> bytes | None:
     return ids.api_key_hash(api_key)
 
 
-async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, api_key: str) -> str | None:
+async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, api_key: str,
+                       acting_for: str | None = None) -> Caller | None:
+    """None for a key that is not valid. With `acting_for` (a Longcall-Owner
+    header) the caller's `owner_id` is that owner — or NotFound when it is
+    not under the key's platform (or the key is no platform's): one answer
+    for every such case, so nothing about other owners leaks."""
     key_hash = lookup_hash(api_key)
-    return None if key_hash is None else await conn.fetchval(AUTHENTICATE, key_hash)
+    if key_hash is None:
+        return None
+    valid_id = acting_for is not None and ids.is_owner_id(acting_for)
+    row = await conn.fetchrow(AUTHENTICATE, key_hash, acting_for if valid_id else None)
+    if row is None:
+        return None
+    if acting_for is None:
+        return Caller(row["owner_id"], row["is_platform"], row["owner_id"])
+    if row["acting"] is None:
+        raise NotFound("no such owner")
+    return Caller(row["owner_id"], row["is_platform"], row["acting"])
 
 
 async def account(conn: asyncpg.Connection | asyncpg.Pool, owner_id: str) -> dict:
@@ -120,3 +233,64 @@ async def account(conn: asyncpg.Connection | asyncpg.Pool, owner_id: str) -> dic
         "active": row["active"],
         "max_active": row["max_active"],
     }
+
+
+def request_digest(fields: dict) -> bytes:
+    """What was asked, canonically: a replay under the same key has the same digest."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=False).encode()).digest()
+
+
+async def create_under(conn: asyncpg.Connection, platform_id: str, *, name: str, credits: int,
+                       max_active: int, request_key: str | None) -> tuple[Owner, bool]:
+    """(the owner, whether this request made it). Same key and body as an
+    earlier request: that owner, made by nobody now. Same key, other body:
+    IdempotencyConflict."""
+    digest = request_digest({"name": name, "credits": credits, "max_active": max_active})
+    row = await conn.fetchrow(CREATE_UNDER, ids.new_owner_id(), name, credits, max_active, platform_id,
+                              request_key, digest if request_key is not None else None)
+    if row is not None:
+        return Owner.of(row), True
+    assert request_key is not None  # only a keyed insert can meet a conflict
+    existing = await conn.fetchrow(OWNER_BY_REQUEST_KEY, platform_id, request_key)
+    if existing["request_digest"] != digest:
+        raise IdempotencyConflict("this Idempotency-Key was used with a different request")
+    return Owner.of(existing), False
+
+
+async def get_under(conn: asyncpg.Connection, platform_id: str, owner_id: str) -> Owner | None:
+    row = await conn.fetchrow(GET_UNDER, platform_id, owner_id) if ids.is_owner_id(owner_id) else None
+    return Owner.of(row) if row else None
+
+
+async def list_under(conn: asyncpg.Connection, platform_id: str, *, limit: int,
+                     after: tuple[dt.datetime, str] | None) -> list[Owner]:
+    created_at, last_id = after if after else (None, None)
+    return [Owner.of(r) for r in await conn.fetch(LIST_UNDER, platform_id, created_at, last_id, limit)]
+
+
+async def grant_under(conn: asyncpg.Connection, platform_id: str, owner_id: str, *, credits: int,
+                      reason: str | None, request_key: str) -> tuple[Owner, bool]:
+    """A platform's grant (negative: a claw-back) to one of its owners, once
+    per key: (the owner after it, whether this request moved the money).
+    NotFound: not this platform's owner. InsufficientCredits: a claw-back
+    past the available balance (nothing is written)."""
+    if not ids.is_owner_id(owner_id):
+        raise NotFound("no such owner")
+    digest = request_digest({"credits": credits, "reason": reason})
+    async with conn.transaction():
+        entered = await conn.fetchval(GRANT_ENTRY, platform_id, owner_id, credits, reason, request_key, digest)
+        if entered is not None:
+            row = await conn.fetchrow(GRANT_MOVE, owner_id, credits)
+            if row is None:
+                # Raising rolls the ledger row back with the transaction.
+                balance = await conn.fetchval("select balance from owners where id = $1", owner_id)
+                raise InsufficientCredits(f"taking {-credits} credits would leave the balance "
+                                          f"{balance} below zero")
+            return Owner.of(row), True
+    owner = await get_under(conn, platform_id, owner_id)
+    if owner is None:
+        raise NotFound("no such owner")
+    if await conn.fetchval(GRANT_BY_REQUEST_KEY, owner_id, request_key) != digest:
+        raise IdempotencyConflict("this Idempotency-Key was used with a different grant")
+    return owner, False

@@ -18,14 +18,14 @@ from starlette.routing import BaseRoute, Route
 from app import db
 from app.capacity import capped_providers
 from app.config import Settings
-from app.domain import owners
+from app.domain import owners as owners_domain
 from app.download import system_resolver
 from app.metrics import Metrics
 from app.providers import build_providers, close_providers
 from app.signing.secretbox import SecretBox
 from app.storage import open_storage
 from app.vocabulary import ApiErrorCode
-from app.web import admin, health, jobs, models, notifications, openapi, webhooks
+from app.web import admin, health, jobs, models, notifications, openapi, owners, webhooks
 from app.web.access_log import AccessLog
 from app.web.auth import require_owner
 from app.web.errors import ApiError, error_response
@@ -36,7 +36,7 @@ log = logging.getLogger("longcall.web")
 
 async def account(request: Request) -> JSONResponse:
     owner_id = await require_owner(request)
-    return JSONResponse(await owners.account(request.app.state.pool, owner_id))
+    return JSONResponse(await owners_domain.account(request.app.state.pool, owner_id))
 
 
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -104,6 +104,10 @@ ROUTES = [
     Route("/v1/notifications", notifications.list_notifications, methods=["GET"]),
     Route("/v1/notifications/{notification_id}/redeliver", notifications.redeliver, methods=["POST"]),
     Route("/v1/account", account, methods=["GET"]),
+    Route("/v1/owners", owners.create_owner, methods=["POST"]),
+    Route("/v1/owners", owners.list_owners, methods=["GET"]),
+    Route("/v1/owners/{owner_id}", owners.read_owner, methods=["GET"]),
+    Route("/v1/owners/{owner_id}/grants", owners.grant_credits, methods=["POST"]),
     Route("/v1/models", models.list_models, methods=["GET"]),
     Route("/v1/admin/jobs/{job_id}/resolve", admin.resolve_job, methods=["POST"]),
     Route("/webhooks/{provider}/{job_id}", webhooks.receive_webhook, methods=["POST"]),

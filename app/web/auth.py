@@ -1,4 +1,5 @@
-"""Who is asking: an owner's API key, or a job's signed read token."""
+"""Who is asking: an owner's API key (a platform's, perhaps acting for one
+of its owners with `Longcall-Owner`), or a job's signed read token."""
 from __future__ import annotations
 
 import time
@@ -9,7 +10,10 @@ from app.domain import owners
 from app.jobjson import read_token
 from app.signing.tokens import check_read_token
 from app.vocabulary import ApiErrorCode
-from app.web.errors import ApiError
+from app.web.body import invalid
+from app.web.errors import ApiError, not_found
+
+ACTING_HEADER = "longcall-owner"
 
 
 def bearer_key(request: Request) -> str:
@@ -20,11 +24,35 @@ def bearer_key(request: Request) -> str:
     return key.strip()
 
 
-async def require_owner(request: Request) -> str:
-    owner_id = await owners.authenticate(request.app.state.pool, bearer_key(request))
-    if owner_id is None:
+def acting_for(request: Request) -> str | None:
+    """The owner a Longcall-Owner header names (None without one)."""
+    return request.headers.get(ACTING_HEADER)
+
+
+async def caller(request: Request) -> owners.Caller:
+    try:
+        found = await owners.authenticate(request.app.state.pool, bearer_key(request), acting_for(request))
+    except owners.NotFound:
+        raise not_found("owner") from None
+    if found is None:
         raise ApiError(ApiErrorCode.UNAUTHENTICATED, "the API key is not valid")
-    return owner_id
+    return found
+
+
+async def require_owner(request: Request) -> str:
+    """The owner this request is: the key's, or the one it acts for."""
+    return (await caller(request)).owner_id
+
+
+async def require_platform(request: Request) -> str:
+    """The platform owner whose key this is, acting for nobody (the owners
+    routes). A key that is no platform's finds no such route's owners: 404."""
+    if acting_for(request) is not None:
+        raise invalid("the owners routes take the platform's own key, without Longcall-Owner")
+    found = await caller(request)
+    if not found.is_platform:
+        raise not_found("owner")
+    return found.owner_id
 
 
 def has_bearer(request: Request) -> bool:

@@ -18,7 +18,7 @@ from app.jobjson import iso, render_job
 from app.storage import ObjectNotFound
 from app.vocabulary import ALL_STATUSES, TERMINAL, ApiErrorCode, JobStatus
 from app.web import outputs
-from app.web.auth import bearer_key, has_bearer, read_token_for, require_owner, token_allows
+from app.web.auth import acting_for, bearer_key, has_bearer, read_token_for, require_owner, token_allows
 from app.web.body import (
     MAX_CREDITS,
     MAX_CURSOR,
@@ -116,9 +116,15 @@ async def _readable_job(request: Request, job_id: str):
         raise not_found()
     if has_bearer(request):
         key_hash = owners.lookup_hash(bearer_key(request))
-        row = key_hash and await jobs.get_job_with_key(request.app.state.pool, key_hash, job_id)
+        acting = acting_for(request)
+        # A malformed Longcall-Owner names nobody: looked up as an id no owner has.
+        row = key_hash and await jobs.get_job_with_key(
+            request.app.state.pool, key_hash, job_id,
+            None if acting is None else acting if ids.is_owner_id(acting) else "")
         if not row:
             raise ApiError(ApiErrorCode.UNAUTHENTICATED, "the API key is not valid")
+        if acting is not None and row["acting"] is None:
+            raise not_found("owner")
         if row["id"] is None:
             raise not_found()
         return row, False

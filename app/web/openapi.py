@@ -38,6 +38,7 @@ from app.web.body import (
     MAX_WAIT_S,
 )
 from app.web.outputs import OCTET_STREAM
+from app.web.owners import DEFAULT_MAX_ACTIVE, MAX_GRANT_REASON, MAX_OWNER_ACTIVE, MAX_OWNER_NAME
 
 _JOB = {"$ref": "#/components/schemas/Job"}
 _STRING = {"type": "string"}
@@ -184,6 +185,19 @@ SCHEMAS = {
                                "attempts": {"type": "integer", "minimum": 0},
                                "last_status_code": {"type": ["integer", "null"]},
                                "last_attempt_at": _NULLABLE_TIME}}}}},
+    "Owner": {
+        "type": "object", "additionalProperties": False,
+        "required": ["owner_id", "name", "credits", "active", "max_active", "created_at"],
+        "properties": {
+            "owner_id": {"type": "string", "pattern": OWNER_ID.pattern},
+            "name": _STRING,
+            "credits": {"type": "object", "additionalProperties": False,
+                        "required": ["granted", "balance", "reserved", "charged"],
+                        "description": "granted = balance + reserved + charged",
+                        "properties": {"granted": _INTEGER, "balance": _INTEGER, "reserved": _INTEGER,
+                                       "charged": _INTEGER}},
+            "active": _INTEGER, "max_active": _INTEGER,
+            "created_at": {"type": "string", "format": "date-time"}}},
     "Health": {"type": "object", "required": ["ok"], "properties": {"ok": {"type": "boolean"},
                                                                   "database": _STRING}},
 }
@@ -209,6 +223,75 @@ _JOB_LINKS = {
 def _linked(response: dict) -> dict:
     return {**response, "links": _JOB_LINKS}
 
+
+_OWNER = {"$ref": "#/components/schemas/Owner"}
+_OWNER_ID = {"name": "owner_id", "in": "path", "required": True, "schema": _STRING}
+_GRANT_KEY = {**_IDEMPOTENCY_KEY, "required": True,
+              "description": f"{_IDEMPOTENCY_KEY['description']}; required: a grant moves money"}
+# A platform's key acts for one of its owners (CONTRACT.md: Apps with many users).
+_ACTING = {"name": "Longcall-Owner", "in": "header", "required": False,
+           "description": "with a platform owner's key: act as this owner, which must be under the platform "
+                          "(else 404, the same answer as for an unknown owner)",
+           "schema": _STRING}
+_PLATFORM_ONLY = "A platform owner's key only (any other key: 404; with Longcall-Owner: 400). "
+
+OWNER_PATHS = {
+    "/v1/owners": {
+        "post": {
+            "operationId": "createOwner",
+            "summary": _PLATFORM_ONLY + "Create an owner under this platform",
+            "parameters": [_IDEMPOTENCY_KEY],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False, "required": ["name"],
+                "properties": {"name": {"type": "string", "minLength": 1, "maxLength": MAX_OWNER_NAME,
+                                        "pattern": r"\S"},
+                               "credits": {"type": "integer", "minimum": 0, "maximum": MAX_CREDITS,
+                                           "default": 0},
+                               "max_active": {"type": "integer", "minimum": 0, "maximum": MAX_OWNER_ACTIVE,
+                                              "default": DEFAULT_MAX_ACTIVE}}}}}},
+            "responses": {
+                "201": _json("created", _OWNER, {"Location": {"required": True, "schema": _STRING}}),
+                "200": _json("the same key and body again: the same owner", _OWNER,
+                             {"Location": {"required": True, "schema": _STRING}}),
+                **_errors(E.INVALID_REQUEST, E.UNAUTHENTICATED, E.NOT_FOUND, E.IDEMPOTENCY_CONFLICT,
+                          E.PAYLOAD_TOO_LARGE, *_DB)}},
+        "get": {
+            "operationId": "listOwners",
+            "summary": _PLATFORM_ONLY + "This platform's owners, newest first",
+            "parameters": [
+                {"name": "limit", "in": "query", "required": False,
+                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": 20}},
+                {"name": "cursor", "in": "query", "required": False, "description": "a next_cursor from a page",
+                 "schema": {"type": "string", "maxLength": MAX_CURSOR}}],
+            "responses": {
+                "200": _json("a page of owners", {
+                    "type": "object", "additionalProperties": False, "required": ["owners", "next_cursor"],
+                    "properties": {"owners": {"type": "array", "items": _OWNER},
+                                   "next_cursor": {"type": ["string", "null"]}}}),
+                **_errors(E.INVALID_REQUEST, E.UNAUTHENTICATED, E.NOT_FOUND, *_DB)}},
+    },
+    "/v1/owners/{owner_id}": {"get": {
+        "operationId": "readOwner",
+        "summary": _PLATFORM_ONLY + "One owner under this platform",
+        "parameters": [_OWNER_ID],
+        "responses": {"200": _json("the owner", _OWNER),
+                      **_errors(E.INVALID_REQUEST, E.UNAUTHENTICATED, E.NOT_FOUND, *_DB)}}},
+    "/v1/owners/{owner_id}/grants": {"post": {
+        "operationId": "grantCredits",
+        "summary": _PLATFORM_ONLY + "Grant credits to an owner, or take them back (negative; never below a "
+                                    "zero balance). Each grant is a ledger entry",
+        "parameters": [_OWNER_ID, _GRANT_KEY],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False, "required": ["credits"],
+            "properties": {"credits": {"type": "integer", "minimum": -MAX_CREDITS, "maximum": MAX_CREDITS,
+                                       "not": {"const": 0}},
+                           "reason": {"type": ["string", "null"], "maxLength": MAX_GRANT_REASON}}}}}},
+        "responses": {
+            "201": _json("granted: the owner after it", _OWNER),
+            "200": _json("the same key and body again: nothing moved", _OWNER),
+            **_errors(E.INVALID_REQUEST, E.UNAUTHENTICATED, E.NOT_FOUND, E.INSUFFICIENT_CREDITS,
+                      E.IDEMPOTENCY_CONFLICT, E.PAYLOAD_TOO_LARGE, *_DB)}}},
+}
 
 PATHS = {
     "/v1/jobs": {
@@ -399,6 +482,26 @@ PATHS = {
     "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document", "security": [],
                               "responses": {"200": _json("OpenAPI 3.1", {"type": "object"})}}},
 }
+
+
+
+def _with_acting(paths: dict) -> dict:
+    """Every owner-scoped operation takes Longcall-Owner, and may answer 404 for it."""
+    acting_prefixes = ("/v1/jobs", "/v1/account", "/v1/webhook-endpoints", "/v1/notifications", "/v1/models")
+    for path, operations in paths.items():
+        if not path.startswith(acting_prefixes):
+            continue
+        for method, operation in operations.items():
+            if method == "options":
+                continue
+            operation["parameters"] = [*operation.get("parameters", []), _ACTING]
+            errors = operation["responses"].get("404")
+            if errors is None:
+                operation["responses"]["404"] = _errors(E.NOT_FOUND)["404"]
+    return paths
+
+
+PATHS = {**_with_acting(PATHS), **OWNER_PATHS}
 
 DOCUMENT = {
     "openapi": "3.1.0",
