@@ -1,6 +1,7 @@
 """Start a real longcall for the client libraries' tests, from its public commands only.
 
-    python clients/testing/serve_longcall.py [--credits N] [--max-active N] [--env KEY=VALUE ...] [--logs DIR]
+    python clients/testing/serve_longcall.py [--credits N] [--max-active N] [--platform] [--env KEY=VALUE ...]
+                                             [--logs DIR]
 
 In a fresh temporary directory, on free loopback ports: a PostgreSQL (a fresh
 database in TEST_DATABASE_URL's server, else an embedded throwaway cluster),
@@ -9,8 +10,11 @@ then `longcall migrate`, `sim`, `serve`, `settler` and `owners create`. Once
 
     {"base_url", "api_key", "owner_id", "sim_url", "database_url"}
 
-and keeps running until its stdin reaches EOF or it gets SIGTERM/SIGINT; then
-it stops everything it started and removes the directory (exit 0; also when
+(with --platform also "platform_api_key" and "platform_owner_id": a second
+owner, made by `owners create --platform` with the same --credits and
+--max-active, whose key manages owners under it; the first stays an ordinary
+one) and keeps running until its stdin reaches EOF or it gets SIGTERM/SIGINT;
+then it stops everything it started and removes the directory (exit 0; also when
 that happens before the line was printed). A child that dies early is one
 line on stderr and exit 1; bad arguments exit 2. Children's output goes to
 log files (kept under --logs DIR when given, else removed with the rest).
@@ -223,6 +227,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Start a real longcall on loopback for client tests.")
     p.add_argument("--credits", type=int, default=1_000_000)
     p.add_argument("--max-active", type=int, default=10)
+    p.add_argument("--platform", action="store_true",
+                   help="also make a platform owner (platform_api_key, platform_owner_id in the ready line)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra environment variable for every longcall process (repeatable)")
     p.add_argument("--logs", metavar="DIR", default=None, help="keep the processes' logs in DIR")
@@ -270,10 +276,16 @@ def serve(args: argparse.Namespace, root: Path, children_out: list[Children], da
     children.start("settler", "settler")
     owner = json.loads(children.run("owners", "owners", "create", "client-tests", "--credits", str(args.credits),
                                     "--max-active", str(args.max_active), "--json"))
+    ready = {"base_url": base_url, "api_key": owner["api_key"], "owner_id": owner["owner_id"],
+             "sim_url": sim_url, "database_url": database_url}
+    if args.platform:
+        platform = json.loads(children.run("owners-platform", "owners", "create", "client-tests-platform",
+                                           "--platform", "--credits", str(args.credits),
+                                           "--max-active", str(args.max_active), "--json"))
+        ready.update(platform_api_key=platform["api_key"], platform_owner_id=platform["owner_id"])
     _wait_until_ok(f"{sim_url}/_sim/stats", children, deadline)
     _wait_until_ok(f"{base_url}/readyz", children, deadline)
-    return {"base_url": base_url, "api_key": owner["api_key"], "owner_id": owner["owner_id"],
-            "sim_url": sim_url, "database_url": database_url}
+    return ready
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,6 +40,9 @@ class Longcall:
     owner_id: str
     sim_url: str
     database_url: str
+    # A platform owner's (the launcher's --platform): its key manages owners under it.
+    platform_api_key: str = ""
+    platform_owner_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,11 +99,13 @@ def launch(*args: str) -> Launched:
     return Launched(proc, stderr_path, json.loads(line[0]))
 
 
-def create_owners(database_url: str, count: int, *, credits: int, max_active: int = 10) -> list[Owner]:
-    """`count` new owners by `longcall owners create`, the commands run side by side (each is mostly start-up)."""
+def create_owners(database_url: str, count: int, *, credits: int, max_active: int = 10,
+                  platform: bool = False) -> list[Owner]:
+    """`count` new owners by `longcall owners create` (`--platform` with `platform`), the commands
+    run side by side (each is mostly start-up)."""
     env = {**os.environ, "DATABASE_URL": database_url}
     command = [sys.executable, "-m", "app", "owners", "create", "client-test", "--credits", str(credits),
-               "--max-active", str(max_active), "--json"]
+               "--max-active", str(max_active), "--json", *(["--platform"] if platform else [])]
     procs = [subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(count)]
     owners = []
@@ -152,6 +157,12 @@ class Api:
         if self.is_async:
             return [job async for job in self._target.jobs.iterate(**kwargs)]
         return await asyncio.to_thread(lambda: list(self._target.jobs.iterate(**kwargs)))
+
+    async def all_owners(self, **kwargs: Any) -> list[Any]:
+        """Everything `owners.iterate(**kwargs)` yields."""
+        if self.is_async:
+            return [owner async for owner in self._target.owners.iterate(**kwargs)]
+        return await asyncio.to_thread(lambda: list(self._target.owners.iterate(**kwargs)))
 
     async def aclose(self) -> None:
         if self.is_async:

@@ -1,6 +1,7 @@
 """A real longcall for the client's tests: clients/testing/serve_longcall.py,
-started once per session. Tests that need an owner of their own (exact
-balances, an exact job list, one slot) make one with `make_owner`."""
+started once per session, with a platform owner (`longcall.platform_api_key`).
+Tests that need an owner of their own (exact balances, an exact job list, one
+slot) make one with `make_owner`; a platform of their own, `make_platform`."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -34,7 +35,8 @@ def receiver() -> Iterator[Loopback]:
 
 @pytest.fixture(scope="session")
 def launched(receiver: Loopback) -> Iterator[Launched]:
-    running = launch("--credits", "1000000", "--max-active", "50", "--env", f"NOTIFY_ALLOWED_ORIGINS={receiver.url}")
+    running = launch("--credits", "1000000", "--max-active", "50", "--platform",
+                     "--env", f"NOTIFY_ALLOWED_ORIGINS={receiver.url}")
     yield running
     code = running.stop()
     try:
@@ -62,6 +64,14 @@ def make_owner(longcall: Longcall, owner_pool: OwnerPool):
             return owner_pool.take()
         return create_owners(longcall.database_url, 1, credits=credits if credits is not None else POOL_CREDITS,
                              max_active=max_active if max_active is not None else POOL_MAX_ACTIVE)[0]
+    return make
+
+
+@pytest.fixture
+def make_platform(longcall: Longcall):
+    """make_platform(): a platform owner of this test's own (an exact list of owners under it)."""
+    def make() -> Owner:
+        return create_owners(longcall.database_url, 1, credits=0, platform=True)[0]
     return make
 
 

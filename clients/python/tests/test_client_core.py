@@ -41,7 +41,7 @@ def test_headers_owner_per_call_wins():
     headers = core.headers_of(config(owner="own_client"), core.get_account("own_call"))
     assert headers["Longcall-Owner"] == "own_call" and headers["Authorization"] == f"Bearer {KEY}"
     assert core.headers_of(config(owner="own_client"), core.get_account(None))["Longcall-Owner"] == "own_client"
-    assert "Longcall-Owner" not in core.headers_of(config(), core.list_models())
+    assert "Longcall-Owner" not in core.headers_of(config(), core.list_models(None))
 
 
 def test_a_long_poll_gets_more_read_time():

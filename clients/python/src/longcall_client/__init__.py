@@ -9,6 +9,8 @@
 
 `AsyncClient` has the same calls for asyncio. Errors are `LongcallError`
 subclasses, one per API error code; `verify_webhook` checks a notification.
+A platform owner's key manages owners under it (`client.owners`) and acts
+for one with `owner=` (the Longcall-Owner header) on any other call.
 """
 from longcall_client._async import AsyncClient
 from longcall_client._core import VERSION as __version__
@@ -46,6 +48,9 @@ from longcall_client.models import (
     Notification,
     NotificationPage,
     Output,
+    Owner,
+    OwnerCredits,
+    OwnerPage,
     WebhookEndpoint,
 )
 from longcall_client.webhooks import WebhookVerificationError, sign_webhook, verify_webhook
@@ -54,7 +59,8 @@ __all__ = [
     "TERMINAL_STATUSES", "APIConnectionError", "Account", "AccountCredits", "AsyncClient", "CapacityExhausted",
     "Client", "Credits", "Delivery", "DownloadedOutput", "Event", "IdempotencyConflict", "InsufficientCredits",
     "InternalError", "InvalidRequest", "InvalidState", "Job", "JobError", "JobPage", "JobStatus", "LongcallError",
-    "MethodNotAllowed", "Model", "NotFound", "Notification", "NotificationPage", "Output", "PayloadTooLarge",
-    "Unauthenticated", "Unavailable", "UnexpectedResponse", "UnknownProvider", "WebhookEndpoint",
+    "MethodNotAllowed", "Model", "NotFound", "Notification", "NotificationPage", "Output", "Owner", "OwnerCredits",
+    "OwnerPage", "PayloadTooLarge", "Unauthenticated", "Unavailable", "UnexpectedResponse", "UnknownProvider",
+    "WebhookEndpoint",
     "WebhookVerificationError", "__version__", "sign_webhook", "verify_webhook",
 ]

@@ -20,6 +20,8 @@ from longcall_client.models import (
     Model,
     Notification,
     NotificationPage,
+    Owner,
+    OwnerPage,
     WebhookEndpoint,
     endpoints_from_json,
     events_from_json,
@@ -173,24 +175,25 @@ class AsyncModels:
     def __init__(self, transport: _Transport):
         self._t = transport
 
-    async def list(self) -> builtins.list[Model]:
-        return models_from_json(await self._t.json(core.list_models()))
+    async def list(self, *, owner: str | None = None) -> builtins.list[Model]:
+        return models_from_json(await self._t.json(core.list_models(owner)))
 
 
 class AsyncWebhookEndpoints:
     def __init__(self, transport: _Transport):
         self._t = transport
 
-    async def create(self, url: str, events: builtins.list[str] | None = None) -> WebhookEndpoint:
+    async def create(self, url: str, events: builtins.list[str] | None = None, *,
+                     owner: str | None = None) -> WebhookEndpoint:
         """Register an endpoint; its `secret` is in this answer only: store it."""
-        return WebhookEndpoint.from_json(await self._t.json(core.create_endpoint(url, events)))
+        return WebhookEndpoint.from_json(await self._t.json(core.create_endpoint(url, events, owner)))
 
-    async def list(self) -> builtins.list[WebhookEndpoint]:
+    async def list(self, *, owner: str | None = None) -> builtins.list[WebhookEndpoint]:
         """The endpoints, oldest first (without their secrets)."""
-        return endpoints_from_json(await self._t.json(core.list_endpoints()))
+        return endpoints_from_json(await self._t.json(core.list_endpoints(owner)))
 
-    async def delete(self, endpoint_id: str) -> None:
-        await self._t.json(core.delete_endpoint(endpoint_id))
+    async def delete(self, endpoint_id: str, *, owner: str | None = None) -> None:
+        await self._t.json(core.delete_endpoint(endpoint_id, owner))
 
 
 class AsyncNotifications:
@@ -198,13 +201,55 @@ class AsyncNotifications:
         self._t = transport
 
     async def list(self, job_id: str | None = None, limit: int | None = None,
-             cursor: str | None = None) -> NotificationPage:
-        """One page of the owner's notifications, newest first, with each endpoint's delivery state."""
-        return NotificationPage.from_json(await self._t.json(core.list_notifications(job_id, limit, cursor)))
+             cursor: str | None = None, *, owner: str | None = None) -> NotificationPage:
+        """One page of the owner's notifications, newest first, with each endpoint's delivery state
+        (under a platform key without `owner`: its owners' too)."""
+        return NotificationPage.from_json(await self._t.json(core.list_notifications(job_id, limit, cursor, owner)))
 
-    async def redeliver(self, notification_id: str) -> Notification:
+    async def redeliver(self, notification_id: str, *, owner: str | None = None) -> Notification:
         """Queue the notification again to its endpoints; returns it, its deliveries pending."""
-        return Notification.from_json(await self._t.json(core.redeliver_notification(notification_id)))
+        return Notification.from_json(await self._t.json(core.redeliver_notification(notification_id, owner)))
+
+
+class AsyncOwners:
+    """A platform's owners (a platform owner's key only; any other key gets NotFound).
+    These calls never send the client's `owner`: they are the platform's own."""
+
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    async def create(self, name: str, *, credits: int | None = None, max_active: int | None = None,
+                     idempotency_key: str | None = None) -> Owner:
+        """A new owner under this platform (201), or the one this `idempotency_key` already
+        made (200). Without a key one is generated, and this call's own retries reuse it,
+        so a lost answer never makes a second owner."""
+        return Owner.from_json(await self._t.json(core.create_owner(name, credits, max_active, idempotency_key)))
+
+    async def list(self, *, limit: int | None = None, cursor: str | None = None) -> OwnerPage:
+        """One page of this platform's owners, newest first."""
+        return OwnerPage.from_json(await self._t.json(core.list_owners(limit, cursor)))
+
+    async def iterate(self, *, page_size: int | None = None) -> AsyncIterator[Owner]:
+        """Every owner of this platform, newest first, fetching pages as it goes."""
+        cursor = None
+        while True:
+            page = await self.list(limit=page_size, cursor=cursor)
+            for owner in page.owners:
+                yield owner
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def get(self, owner_id: str) -> Owner:
+        """One owner of this platform; NotFound for any other (or unknown) id."""
+        return Owner.from_json(await self._t.json(core.get_owner(owner_id)))
+
+    async def grant(self, owner_id: str, credits: int, *, reason: str | None = None,
+                    idempotency_key: str | None = None) -> Owner:
+        """Give the owner `credits` (negative: take them back; InsufficientCredits beyond its
+        balance, and nothing moves). Returns the owner after it. Without a key one is
+        generated and reused by this call's own retries, so the credits move once."""
+        return Owner.from_json(await self._t.json(core.grant_credits(owner_id, credits, reason, idempotency_key)))
 
 
 class AsyncClient:
@@ -214,10 +259,11 @@ class AsyncClient:
             job = await client.jobs.create("sim", "image-fast", {"prompt": "a lighthouse"}, max_credits=10)
 
     `owner`: act for an owner under a platform key (header Longcall-Owner);
-    each jobs/account call may override it. `http_client`: an httpx.AsyncClient of
-    your own (its base URL is not used, and it is not closed by `close()`).
+    every call but the owners API's sends it, and each takes `owner=` to
+    override it. `http_client`: an httpx.AsyncClient of your own (its base URL is
+    not used, and it is not closed by `close()`).
     `max_retries`: how often one call is sent again after a connection error,
-    a 503, or a 429 that says when (reads and creates only; 0 turns it off).
+    a 503, or a 429 that says when (reads, creates and grants only; 0 turns it off).
     """
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = core.DEFAULT_TIMEOUT_S,
@@ -231,6 +277,7 @@ class AsyncClient:
         self.models = AsyncModels(self._transport)
         self.webhook_endpoints = AsyncWebhookEndpoints(self._transport)
         self.notifications = AsyncNotifications(self._transport)
+        self.owners = AsyncOwners(self._transport)
 
     def __repr__(self) -> str:
         return f"AsyncClient(base_url={self._config.base_url!r})"

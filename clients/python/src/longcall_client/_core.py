@@ -39,8 +39,9 @@ _SHA256_ETAG = re.compile(r'^"([0-9a-f]{64})"$')
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 
 # "safe": the request may be sent again after any failure, even one where the
-# server may have acted (reads; a create, whose Idempotency-Key makes a resend
-# return the same job). "unsent": sent again only when it surely never reached
+# server may have acted (reads; a job or owner create and a grant, whose
+# Idempotency-Key makes a resend return the first answer's object, with
+# nothing done twice). "unsent": sent again only when it surely never reached
 # the server (the connection could not be made): a resent cancel or endpoint
 # creation could act twice or answer differently.
 Resend = Literal["safe", "unsent"]
@@ -77,6 +78,9 @@ class Call:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     wait_s: float = 0.0  # a long poll: the answer may take this much longer than the usual timeout
+    # False for the owners API: it is the platform's own, and the server
+    # refuses a Longcall-Owner there, so the client's `owner` is not sent.
+    acts_for_owner: bool = True
 
 
 def _segment(value: str) -> str:
@@ -131,33 +135,66 @@ def get_account(owner: str | None) -> Call:
     return Call("GET", "/v1/account", "safe", headers=_owner_header(owner))
 
 
-def list_models() -> Call:
-    return Call("GET", "/v1/models", "safe")
+def list_models(owner: str | None) -> Call:
+    return Call("GET", "/v1/models", "safe", headers=_owner_header(owner))
 
 
-def create_endpoint(url: str, events: list[str] | None) -> Call:
+def create_endpoint(url: str, events: list[str] | None, owner: str | None) -> Call:
     body: dict[str, Any] = {"url": url}
     if events is not None:
         body["events"] = list(events)
-    return Call("POST", "/v1/webhook-endpoints", "unsent", body=body)
+    return Call("POST", "/v1/webhook-endpoints", "unsent", body=body, headers=_owner_header(owner))
 
 
-def list_endpoints() -> Call:
-    return Call("GET", "/v1/webhook-endpoints", "safe")
+def list_endpoints(owner: str | None) -> Call:
+    return Call("GET", "/v1/webhook-endpoints", "safe", headers=_owner_header(owner))
 
 
-def delete_endpoint(endpoint_id: str) -> Call:
-    return Call("DELETE", f"/v1/webhook-endpoints/{_segment(endpoint_id)}", "unsent")
+def delete_endpoint(endpoint_id: str, owner: str | None) -> Call:
+    return Call("DELETE", f"/v1/webhook-endpoints/{_segment(endpoint_id)}", "unsent", headers=_owner_header(owner))
 
 
-def list_notifications(job_id: str | None, limit: int | None, cursor: str | None) -> Call:
+def list_notifications(job_id: str | None, limit: int | None, cursor: str | None, owner: str | None) -> Call:
     params = {name: str(value) for name, value in (("job_id", job_id), ("limit", limit), ("cursor", cursor))
               if value is not None}
-    return Call("GET", "/v1/notifications", "safe", params=params)
+    return Call("GET", "/v1/notifications", "safe", params=params, headers=_owner_header(owner))
 
 
-def redeliver_notification(notification_id: str) -> Call:
-    return Call("POST", f"/v1/notifications/{_segment(notification_id)}/redeliver", "unsent")
+def redeliver_notification(notification_id: str, owner: str | None) -> Call:
+    return Call("POST", f"/v1/notifications/{_segment(notification_id)}/redeliver", "unsent",
+                headers=_owner_header(owner))
+
+
+# A platform's owners (a platform owner's key only). Creates and grants carry
+# an Idempotency-Key, generated once per call when not given, so the client's
+# own resends make one owner and move the money once.
+
+def create_owner(name: str, credits: int | None, max_active: int | None, idempotency_key: str | None) -> Call:
+    body: dict[str, Any] = {"name": name}
+    if credits is not None:
+        body["credits"] = credits
+    if max_active is not None:
+        body["max_active"] = max_active
+    key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+    return Call("POST", "/v1/owners", "safe", body=body, headers={"Idempotency-Key": key}, acts_for_owner=False)
+
+
+def list_owners(limit: int | None, cursor: str | None) -> Call:
+    params = {name: str(value) for name, value in (("limit", limit), ("cursor", cursor)) if value is not None}
+    return Call("GET", "/v1/owners", "safe", params=params, acts_for_owner=False)
+
+
+def get_owner(owner_id: str) -> Call:
+    return Call("GET", f"/v1/owners/{_segment(owner_id)}", "safe", acts_for_owner=False)
+
+
+def grant_credits(owner_id: str, credits: int, reason: str | None, idempotency_key: str | None) -> Call:
+    body: dict[str, Any] = {"credits": credits}
+    if reason is not None:
+        body["reason"] = reason
+    key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+    return Call("POST", f"/v1/owners/{_segment(owner_id)}/grants", "safe", body=body,
+                headers={"Idempotency-Key": key}, acts_for_owner=False)
 
 
 # ------------------------------------------------------------ the request
@@ -171,7 +208,7 @@ def headers_of(config: Config, call: Call) -> dict[str, str]:
     headers = {"Authorization": f"Bearer {config.api_key}", "Accept": "application/json", "User-Agent": USER_AGENT}
     if call.body is not None:
         headers["Content-Type"] = "application/json"
-    if config.owner is not None:
+    if config.owner is not None and call.acts_for_owner:
         headers["Longcall-Owner"] = config.owner
     headers.update(call.headers)  # a per-call owner overrides the client's
     return headers

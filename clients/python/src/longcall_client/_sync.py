@@ -19,6 +19,8 @@ from longcall_client.models import (
     Model,
     Notification,
     NotificationPage,
+    Owner,
+    OwnerPage,
     WebhookEndpoint,
     endpoints_from_json,
     events_from_json,
@@ -170,24 +172,25 @@ class Models:
     def __init__(self, transport: _Transport):
         self._t = transport
 
-    def list(self) -> builtins.list[Model]:
-        return models_from_json(self._t.json(core.list_models()))
+    def list(self, *, owner: str | None = None) -> builtins.list[Model]:
+        return models_from_json(self._t.json(core.list_models(owner)))
 
 
 class WebhookEndpoints:
     def __init__(self, transport: _Transport):
         self._t = transport
 
-    def create(self, url: str, events: builtins.list[str] | None = None) -> WebhookEndpoint:
+    def create(self, url: str, events: builtins.list[str] | None = None, *,
+               owner: str | None = None) -> WebhookEndpoint:
         """Register an endpoint; its `secret` is in this answer only: store it."""
-        return WebhookEndpoint.from_json(self._t.json(core.create_endpoint(url, events)))
+        return WebhookEndpoint.from_json(self._t.json(core.create_endpoint(url, events, owner)))
 
-    def list(self) -> builtins.list[WebhookEndpoint]:
+    def list(self, *, owner: str | None = None) -> builtins.list[WebhookEndpoint]:
         """The endpoints, oldest first (without their secrets)."""
-        return endpoints_from_json(self._t.json(core.list_endpoints()))
+        return endpoints_from_json(self._t.json(core.list_endpoints(owner)))
 
-    def delete(self, endpoint_id: str) -> None:
-        self._t.json(core.delete_endpoint(endpoint_id))
+    def delete(self, endpoint_id: str, *, owner: str | None = None) -> None:
+        self._t.json(core.delete_endpoint(endpoint_id, owner))
 
 
 class Notifications:
@@ -195,13 +198,54 @@ class Notifications:
         self._t = transport
 
     def list(self, job_id: str | None = None, limit: int | None = None,
-             cursor: str | None = None) -> NotificationPage:
-        """One page of the owner's notifications, newest first, with each endpoint's delivery state."""
-        return NotificationPage.from_json(self._t.json(core.list_notifications(job_id, limit, cursor)))
+             cursor: str | None = None, *, owner: str | None = None) -> NotificationPage:
+        """One page of the owner's notifications, newest first, with each endpoint's delivery state
+        (under a platform key without `owner`: its owners' too)."""
+        return NotificationPage.from_json(self._t.json(core.list_notifications(job_id, limit, cursor, owner)))
 
-    def redeliver(self, notification_id: str) -> Notification:
+    def redeliver(self, notification_id: str, *, owner: str | None = None) -> Notification:
         """Queue the notification again to its endpoints; returns it, its deliveries pending."""
-        return Notification.from_json(self._t.json(core.redeliver_notification(notification_id)))
+        return Notification.from_json(self._t.json(core.redeliver_notification(notification_id, owner)))
+
+
+class Owners:
+    """A platform's owners (a platform owner's key only; any other key gets NotFound).
+    These calls never send the client's `owner`: they are the platform's own."""
+
+    def __init__(self, transport: _Transport):
+        self._t = transport
+
+    def create(self, name: str, *, credits: int | None = None, max_active: int | None = None,
+               idempotency_key: str | None = None) -> Owner:
+        """A new owner under this platform (201), or the one this `idempotency_key` already
+        made (200). Without a key one is generated, and this call's own retries reuse it,
+        so a lost answer never makes a second owner."""
+        return Owner.from_json(self._t.json(core.create_owner(name, credits, max_active, idempotency_key)))
+
+    def list(self, *, limit: int | None = None, cursor: str | None = None) -> OwnerPage:
+        """One page of this platform's owners, newest first."""
+        return OwnerPage.from_json(self._t.json(core.list_owners(limit, cursor)))
+
+    def iterate(self, *, page_size: int | None = None) -> Iterator[Owner]:
+        """Every owner of this platform, newest first, fetching pages as it goes."""
+        cursor = None
+        while True:
+            page = self.list(limit=page_size, cursor=cursor)
+            yield from page.owners
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def get(self, owner_id: str) -> Owner:
+        """One owner of this platform; NotFound for any other (or unknown) id."""
+        return Owner.from_json(self._t.json(core.get_owner(owner_id)))
+
+    def grant(self, owner_id: str, credits: int, *, reason: str | None = None,
+              idempotency_key: str | None = None) -> Owner:
+        """Give the owner `credits` (negative: take them back; InsufficientCredits beyond its
+        balance, and nothing moves). Returns the owner after it. Without a key one is
+        generated and reused by this call's own retries, so the credits move once."""
+        return Owner.from_json(self._t.json(core.grant_credits(owner_id, credits, reason, idempotency_key)))
 
 
 class Client:
@@ -211,10 +255,11 @@ class Client:
             job = client.jobs.create("sim", "image-fast", {"prompt": "a lighthouse"}, max_credits=10)
 
     `owner`: act for an owner under a platform key (header Longcall-Owner);
-    each jobs/account call may override it. `http_client`: an httpx.Client of
-    your own (its base URL is not used, and it is not closed by `close()`).
+    every call but the owners API's sends it, and each takes `owner=` to
+    override it. `http_client`: an httpx.Client of your own (its base URL is
+    not used, and it is not closed by `close()`).
     `max_retries`: how often one call is sent again after a connection error,
-    a 503, or a 429 that says when (reads and creates only; 0 turns it off).
+    a 503, or a 429 that says when (reads, creates and grants only; 0 turns it off).
     """
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = core.DEFAULT_TIMEOUT_S,
@@ -228,6 +273,7 @@ class Client:
         self.models = Models(self._transport)
         self.webhook_endpoints = WebhookEndpoints(self._transport)
         self.notifications = Notifications(self._transport)
+        self.owners = Owners(self._transport)
 
     def __repr__(self) -> str:
         return f"Client(base_url={self._config.base_url!r})"

@@ -36,7 +36,8 @@ class Unauthenticated(LongcallError):
 
 
 class NotFound(LongcallError):
-    """404: no such job/output/route, or another owner's."""
+    """404: no such job/output/route, or another owner's; an owner not under this platform key
+    (or any key that is not a platform's, on the owners API or with `owner=`)."""
 
 
 class InvalidRequest(LongcallError):
@@ -52,7 +53,7 @@ class UnknownProvider(LongcallError):
 
 
 class InsufficientCredits(LongcallError):
-    """402: the balance does not cover `max_credits`."""
+    """402: the balance does not cover `max_credits`, or a claw-back (a negative grant) exceeds it."""
 
 
 class CapacityExhausted(LongcallError):

@@ -153,6 +153,54 @@ class Account:
 
 
 @dataclass(frozen=True)
+class OwnerCredits:
+    """An owner's money: `granted` is every grant summed (claw-backs
+    subtracted); `balance` is what it may still spend."""
+
+    granted: int
+    balance: int
+    reserved: int
+    charged: int
+
+
+@dataclass(frozen=True)
+class Owner:
+    """An owner under a platform, as the owners API shows it (`/v1/owners`)."""
+
+    owner_id: str
+    name: str
+    credits: OwnerCredits
+    active: int
+    max_active: int
+    created_at: dt.datetime | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Owner:
+        data = _dict(data)
+        credits = _dict(data.get("credits"))
+        return cls(owner_id=data.get("owner_id", ""), name=data.get("name", ""),
+                   credits=OwnerCredits(granted=credits.get("granted", 0), balance=credits.get("balance", 0),
+                                        reserved=credits.get("reserved", 0), charged=credits.get("charged", 0)),
+                   active=data.get("active", 0), max_active=data.get("max_active", 0),
+                   created_at=parse_time(data.get("created_at")), raw=data)
+
+
+@dataclass(frozen=True)
+class OwnerPage:
+    """One page of `GET /v1/owners`, newest first; `next_cursor` None on the last page."""
+
+    owners: list[Owner]
+    next_cursor: str | None
+
+    @classmethod
+    def from_json(cls, data: Any) -> OwnerPage:
+        data = _dict(data)
+        return cls(owners=[Owner.from_json(o) for o in _list(data.get("owners"))],
+                   next_cursor=data.get("next_cursor"))
+
+
+@dataclass(frozen=True)
 class Model:
     """One entry of the models file as owners see it (`GET /v1/models`)."""
 
