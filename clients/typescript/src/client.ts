@@ -12,6 +12,8 @@ import type {
   JobStatus,
   ModelList,
   NotificationEventType,
+  Owner,
+  OwnerPage,
   Notification,
   NotificationList,
   WebhookEndpointList,
@@ -32,12 +34,16 @@ export interface ClientOptions {
   maxRetries?: number;
 }
 
-/** Accepted by every call. */
-export interface CallOptions {
-  /** Act for this owner (`Longcall-Owner`): a platform key only. Overrides the client's `owner`. */
-  owner?: string;
+/** Accepted by the owners calls: the platform's own, never made for an owner. */
+export interface PlatformCallOptions {
   signal?: AbortSignal;
   timeoutMs?: number;
+}
+
+/** Accepted by every call but the owners calls. */
+export interface CallOptions extends PlatformCallOptions {
+  /** Act for this owner (`Longcall-Owner`): a platform key only. Overrides the client's `owner`. */
+  owner?: string;
 }
 
 export interface CreateJobParams extends CallOptions {
@@ -73,6 +79,30 @@ export interface ListNotificationsParams extends CallOptions {
   cursor?: string | null;
 }
 
+export interface CreateOwnerParams extends PlatformCallOptions {
+  /** 1 to 200 characters. */
+  name: string;
+  /** Credits granted at creation (whole number ≥ 0); the server's default is 0. */
+  credits?: number;
+  /** Jobs it may have unfinished at once; the server's default is 10. */
+  maxActive?: number;
+  /** Sent as `Idempotency-Key`; a random UUID when omitted, reused by the client's own retries. */
+  idempotencyKey?: string;
+}
+
+export interface ListOwnersParams extends PlatformCallOptions {
+  limit?: number;
+  cursor?: string | null;
+}
+
+export interface GrantOptions extends PlatformCallOptions {
+  /** Kept on the grant's ledger entry; at most 500 characters. */
+  reason?: string | null;
+  /** Sent as `Idempotency-Key` (the route requires one); a random UUID when omitted, reused by the
+   * client's own retries, so a retried grant moves the credits once. */
+  idempotencyKey?: string;
+}
+
 /** The longest `?wait=` the server holds a read (CONTRACT.md). */
 export const MAX_WAIT_S = 30;
 const DEFAULT_WAIT_TIMEOUT_MS = 10 * 60_000;
@@ -85,6 +115,7 @@ export class Client {
   readonly models: Models;
   readonly webhookEndpoints: WebhookEndpoints;
   readonly notifications: Notifications;
+  readonly owners: Owners;
 
   constructor(options: ClientOptions) {
     const transport = new Transport(options);
@@ -93,11 +124,16 @@ export class Client {
     this.models = new Models(transport);
     this.webhookEndpoints = new WebhookEndpoints(transport);
     this.notifications = new Notifications(transport);
+    this.owners = new Owners(transport);
   }
 }
 
 function common(options: CallOptions = {}) {
   return { owner: options.owner, signal: options.signal, timeoutMs: options.timeoutMs };
+}
+
+function platformCommon(options: PlatformCallOptions) {
+  return { actsForOwner: false, signal: options.signal, timeoutMs: options.timeoutMs };
 }
 
 function segment(value: string, name: string): string {
@@ -263,5 +299,48 @@ export class Notifications {
   redeliver(notificationId: string, options: CallOptions = {}): Promise<Notification> {
     return this.http.json<Notification>({ method: "POST",
       path: `/v1/notifications/${segment(notificationId, "notificationId")}/redeliver`, ...common(options) });
+  }
+}
+
+/** A platform's owners (a platform owner's key only; any other key gets NotFoundError). These calls never
+ * send `Longcall-Owner`, not even the client's default `owner`: the server refuses it here. */
+export class Owners {
+  constructor(private readonly http: Transport) {}
+
+  /** POST /v1/owners. The same key and body give back the same owner (200), never a second one. */
+  create(params: CreateOwnerParams): Promise<Owner> {
+    const body: Record<string, unknown> = { name: params.name };
+    if (params.credits !== undefined) body.credits = params.credits;
+    if (params.maxActive !== undefined) body.max_active = params.maxActive;
+    const key = params.idempotencyKey ?? globalThis.crypto.randomUUID();
+    return this.http.json<Owner>({
+      method: "POST", path: "/v1/owners", body, headers: { "Idempotency-Key": key }, retry: true,
+      ...platformCommon(params),
+    });
+  }
+
+  /** GET /v1/owners: newest first. */
+  list(params: ListOwnersParams = {}): Promise<OwnerPage> {
+    return this.http.json<OwnerPage>({
+      method: "GET", path: "/v1/owners", query: { limit: params.limit, cursor: params.cursor }, retry: true,
+      ...platformCommon(params),
+    });
+  }
+
+  get(ownerId: string, options: PlatformCallOptions = {}): Promise<Owner> {
+    return this.http.json<Owner>({ method: "GET", path: `/v1/owners/${segment(ownerId, "ownerId")}`, retry: true,
+      ...platformCommon(options) });
+  }
+
+  /** POST /v1/owners/{id}/grants: adds `credits` (negative takes them back) and answers the owner after it.
+   * Taking back more than its balance is InsufficientCreditsError, and nothing changes. */
+  grant(ownerId: string, credits: number, options: GrantOptions = {}): Promise<Owner> {
+    const body: Record<string, unknown> = { credits };
+    if (options.reason !== undefined) body.reason = options.reason;
+    const key = options.idempotencyKey ?? globalThis.crypto.randomUUID();
+    return this.http.json<Owner>({
+      method: "POST", path: `/v1/owners/${segment(ownerId, "ownerId")}/grants`, body,
+      headers: { "Idempotency-Key": key }, retry: true, ...platformCommon(options),
+    });
   }
 }

@@ -21,6 +21,9 @@ export interface Call {
   body?: unknown;
   headers?: Record<string, string> | undefined;
   owner?: string | undefined;
+  /** False for the owners API: the platform's own, where the server refuses a Longcall-Owner, so neither
+   * the client's default owner nor any other is sent. */
+  actsForOwner?: boolean;
   /** Safe to send again: a read, or a create carrying its idempotency key. */
   retry?: boolean;
   timeoutMs?: number | undefined;
@@ -115,7 +118,7 @@ export class Transport {
       Authorization: `Bearer ${this.#apiKey}`,
       ...call.headers,
     };
-    const owner = call.owner ?? this.defaultOwner;
+    const owner = call.actsForOwner === false ? undefined : call.owner ?? this.defaultOwner;
     if (owner) headers["Longcall-Owner"] = owner;
     let body: string | undefined;
     if (call.body !== undefined) {

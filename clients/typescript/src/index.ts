@@ -6,9 +6,13 @@ export {
   type CallOptions,
   type ClientOptions,
   type CreateJobParams,
+  type CreateOwnerParams,
   type CreateWebhookEndpointParams,
+  type GrantOptions,
   type ListJobsParams,
   type ListNotificationsParams,
+  type ListOwnersParams,
+  type PlatformCallOptions,
   type WaitOptions,
 } from "./client.js";
 export * from "./errors.js";

@@ -165,3 +165,19 @@ export interface NotificationPayload {
 export interface WebhookEndpointList {
   webhook_endpoints: WebhookEndpoint[];
 }
+
+/** An owner under a platform (`/v1/owners`): granted = balance + reserved + charged. */
+export interface Owner {
+  owner_id: string;
+  name: string;
+  credits: { granted: number; balance: number; reserved: number; charged: number };
+  /** Jobs not yet terminal, against `max_active`. */
+  active: number;
+  max_active: number;
+  created_at: string;
+}
+
+export interface OwnerPage {
+  owners: Owner[];
+  next_cursor: string | null;
+}
