@@ -14,7 +14,12 @@ settlers and the web server are SIGKILLed at random and restarted, and
 PostgreSQL is restarted once. The owners' notification endpoints
 (ENDPOINTS, registered through the API) point at receivers the run serves
 on loopback — healthy, failing each notification's first attempts, slow —
-which verify every signature. When every job has closed (or is
+which verify every signature. A platform owner (CONTRACT.md: Apps with
+many users) makes owners through the API and funds them; a share of the
+jobs goes in through its key acting for them (`Longcall-Owner`), while its
+grants and claw-backs (some past what the owner holds: 402; some sent again
+with the same key: 200, nothing moves) race the creates, and its own
+endpoint gets its owners' notifications. When every job has closed (or is
 `uncertain`) and every notification is delivered, it checks every invariant
 (proof/invariants.py), prints a table, and exits 1 on any violation.
 
@@ -43,6 +48,7 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import secrets
 import shutil
@@ -198,8 +204,28 @@ class ChaosConfig:
     receiver_fail_first: int = 2  # the failing receiver's 500s to each notification, then 204
     receiver_slow_share: float = 0.2  # of the slow receiver's answers come after receiver_slow_s
     receiver_slow_s: tuple[float, float] = (3.0, 7.0)  # under the 15 s a delivery waits for an answer
+    # A platform acting for owners it makes through the API: this share of
+    # the jobs goes in through its key with Longcall-Owner, and while the
+    # creates go in it sends grants and claw-backs (grants_per_job of them
+    # per job, at least min_grants), grant_workers at a time. Of those:
+    # clawback_share take back credits within the balance it last read,
+    # overdraw_share more than the owner holds (each must be refused, 402),
+    # the rest give; grant_replay_share of the answered ones are sent again
+    # with the same key and body. platform_owners=0: no platform.
+    platform_share: float = 0.25
+    platform_owners: int = 20
+    grants_per_job: float = 0.25
+    min_grants: int = 60
+    grant_workers: int = 4
+    clawback_share: float = 0.35
+    overdraw_share: float = 0.15
+    grant_replay_share: float = 0.2
     seed: int | None = None  # reproduces the job plan (not the timing of kills and faults)
     keep_dir: bool = False  # keep the temp directory (it is always kept on a violation)
+
+    @property
+    def platform(self) -> bool:
+        return self.platform_owners > 0 and self.platform_share > 0
 
 
 # --- the plan: what each job asks for, decided up front from the seed ---------------
@@ -214,6 +240,7 @@ class JobPlan:
     max_credits: int
     cancel_after_s: float | None
     poll: bool
+    acting: int | None = None  # the platform's owner it is made for (`owner` is then the platform's key)
 
     @property
     def key(self) -> str:
@@ -222,6 +249,11 @@ class JobPlan:
     def body(self) -> dict:
         return {"provider": self.provider, "model": self.model, "input": self.input,
                 "max_credits": self.max_credits}
+
+
+def platform_key_index(config: ChaosConfig) -> int:
+    """Where the platform's key is among the run's keys: after the owners' and the tight owner's."""
+    return config.owners + 1
 
 
 def plan_jobs(config: ChaosConfig, rng: random.Random) -> list[JobPlan]:
@@ -267,8 +299,11 @@ def plan_jobs(config: ChaosConfig, rng: random.Random) -> list[JobPlan]:
         input_ = shaped_input(provider, model, input_, stream=stream)
         owner = config.owners if rng.random() < config.tight_share else rng.randrange(config.owners)
         cancel = rng.uniform(0.0, 4.0) if rng.random() < config.cancel_share else None
-        plans.append(JobPlan(i, owner, provider, model, input_, max_credits, cancel,
-                             poll=rng.random() < config.poll_share))
+        poll = rng.random() < config.poll_share
+        acting = None
+        if config.platform and rng.random() < config.platform_share:
+            owner, acting = platform_key_index(config), rng.randrange(config.platform_owners)
+        plans.append(JobPlan(i, owner, provider, model, input_, max_credits, cancel, poll, acting))
     return plans
 
 
@@ -450,10 +485,26 @@ class ClientRecord:
 RETRYABLE = (httpx.TransportError,)  # connect refused/reset, timeouts: the web may be down
 
 
+def _error_code(r: httpx.Response) -> str | None:
+    try:
+        return (r.json().get("error") or {}).get("code")
+    except (ValueError, AttributeError):
+        return None
+
+
+def unavailable_problem(what: str, r: httpx.Response) -> str | None:
+    """The only server error the API may give is 503 `unavailable` (its
+    database is away); a 500 is a bug, even if a retry then succeeds."""
+    if r.status_code != 503 or _error_code(r) != "unavailable":
+        return f"{what} answered {r.status_code} {r.text[:200]}"
+    return None
+
+
 class LoadGenerator:
     def __init__(self, config: ChaosConfig, web_url: str, keys: list[str], plans: list[JobPlan],
-                 rng: random.Random):
+                 rng: random.Random, acting: list[str] | None = None):
         self.config, self.web_url, self.keys, self.plans, self.rng = config, web_url, keys, plans, rng
+        self.acting = acting or []  # the platform's owners, as a plan's `acting` counts them
         self.record = ClientRecord()
         self.answered = 0  # creates that got their final answer (or gave up)
         self._answers = asyncio.Condition()
@@ -503,17 +554,16 @@ class LoadGenerator:
         await self.client.aclose()
 
     def _expect_unavailable(self, what: str, r: httpx.Response) -> None:
-        """The only server error the API may give is 503 `unavailable` (its
-        database is away); a 500 is a bug, even if a retry then succeeds."""
-        try:
-            code = (r.json().get("error") or {}).get("code")
-        except ValueError:
-            code = None
-        if r.status_code != 503 or code != "unavailable":
-            self.record.unexpected.append(f"{what} answered {r.status_code} {r.text[:200]}")
+        problem = unavailable_problem(what, r)
+        if problem:
+            self.record.unexpected.append(problem)
 
     def _auth(self, plan: JobPlan) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.keys[plan.owner]}"}
+        """The plan's key; a platform's job also names the owner it acts for."""
+        headers = {"Authorization": f"Bearer {self.keys[plan.owner]}"}
+        if plan.acting is not None:
+            headers["Longcall-Owner"] = self.acting[plan.acting]
+        return headers
 
     async def _create(self, plan: JobPlan) -> None:
         headers = {**self._auth(plan), "Idempotency-Key": plan.key}
@@ -614,6 +664,270 @@ class LoadGenerator:
             await asyncio.sleep(self.rng.uniform(1.0, 3.0))
 
 
+# --- the platform ------------------------------------------------------------------------
+
+PLATFORM_OPENING = 25  # the opening credits of every other owner the platform makes (its create's body)
+REASONS = (None, "chaos grant", "a refund for a failed render", "promo: ünïcode ✓")
+MOVED, REFUSED, UNANSWERED = invariants.GRANT_MOVED, invariants.GRANT_REFUSED, invariants.GRANT_UNANSWERED
+OWNER_KEYS = {"owner_id", "name", "credits", "active", "max_active", "created_at"}
+CREDIT_KEYS = {"granted", "balance", "reserved", "charged"}
+
+
+@dataclass
+class PlatformRecord:
+    """What the platform's client was told; checked against the database at the end."""
+    made: dict[str, invariants.OwnerMade] = field(default_factory=dict)  # create key -> the owner
+    grants: dict[str, invariants.GrantSent] = field(default_factory=dict)  # grant key -> what it came to
+    # Each owner's granted as the answers showed it (None: unknown, after a grant no answer came to).
+    granted: dict[str, int | None] = field(default_factory=dict)
+    answers: Counter = field(default_factory=Counter)
+    unexpected: list[str] = field(default_factory=list)
+    sure_overdraws: int = 0  # claw-backs of more than balance + reserved: each must be refused
+    retried: int = 0  # requests sent again after no answer or a 503 (the web killed, the database away)
+
+    def tally(self) -> Counter:
+        """The report's numbers (and a test's)."""
+        counts: Counter = Counter()
+        for g in self.grants.values():
+            counts[f"{'claw-backs' if g.credits < 0 else 'grants'} {g.outcome}"] += 1
+        counts["sure overdraws"] = self.sure_overdraws
+        counts["replays answered 200"] = self.answers["grant replay 200"]
+        counts["replays answered 402"] = self.answers["grant replay 402"]
+        counts["200 to a retry after a lost answer"] = self.answers["grant 200"]
+        counts["owner creates replayed"] = self.answers["create owner replay 200"]
+        counts["retried through an outage"] = self.retried
+        return counts
+
+
+class PlatformClient:
+    """The platform's side of the run (CONTRACT.md: Apps with many users).
+    It makes its owners through `POST /v1/owners` (every fourth create sent
+    again: the same owner, 200) and funds them with grants; then, while the
+    creates go in, it sends grants and claw-backs — some past what the owner
+    holds (402), some sent again with the same key and body (a replay: 200,
+    nothing moves twice) — each retried under its key until it is answered,
+    as a careful client does. Grants to one owner go one at a time, so each
+    answer's `granted` is known exactly: only grants move it."""
+
+    def __init__(self, config: ChaosConfig, web_url: str, api_key: str, rng: random.Random):
+        self.config, self.rng = config, rng
+        self.record = PlatformRecord()
+        self.owner_ids: list[str] = []  # in the order made: a plan's `acting` indexes it
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.client = httpx.AsyncClient(base_url=web_url, trust_env=False,
+                                        headers={"Authorization": f"Bearer {api_key}"},
+                                        timeout=httpx.Timeout(15.0, connect=3.0))
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def _unexpected(self, line: str) -> None:
+        self.record.unexpected.append(line)
+
+    async def _send(self, what: str, method: str, url: str, **kw: Any) -> tuple[httpx.Response | None, bool]:
+        """The first answer below 500, the same request retried through
+        outages for up to 180 s; and whether an earlier attempt may have
+        reached the server (its key may be used already)."""
+        deadline = time.monotonic() + 180
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                r = await self.client.request(method, url, **kw)
+            except RETRYABLE:
+                r = None
+            if r is not None and r.status_code < 500:
+                self.record.answers[f"{what} {r.status_code}"] += 1
+                return r, attempt > 1
+            if r is not None:
+                self.record.answers[f"{what} {r.status_code} (retried)"] += 1
+                problem = unavailable_problem(f"{what} {url}", r)
+                if problem:
+                    self._unexpected(problem)
+            if time.monotonic() > deadline:
+                self._unexpected(f"{what} {url}: no answer in 180 s")
+                return None, attempt > 1
+            self.record.retried += 1
+            await asyncio.sleep(min(2.0, 0.1 * attempt) * (0.5 + self.rng.random()))
+
+    def _shape_problems(self, owner: Any) -> list[str]:
+        """Where an answer is not the one owner JSON shape (CONTRACT.md)."""
+        if not isinstance(owner, dict) or set(owner) != OWNER_KEYS:
+            return [f"not an owner: {str(owner)[:200]}"]
+        problems = []
+        if not isinstance(owner["credits"], dict) or set(owner["credits"]) != CREDIT_KEYS:
+            problems.append(f"credits {owner['credits']}")
+        if not re.fullmatch(r"own_[0-9a-f]{24}", str(owner["owner_id"])):
+            problems.append(f"owner_id {owner['owner_id']!r}")
+        if not str(owner["created_at"]).endswith("Z"):
+            problems.append(f"created_at {owner['created_at']!r}")
+        return problems
+
+    async def make_owners(self, n: int, max_active: int, funds: int) -> None:
+        """`n` owners, every other one with PLATFORM_OPENING credits in its
+        create, each then funded with a grant of `funds`; the platform's
+        list of owners, paged, is then exactly them, newest first."""
+        for i in range(n):
+            key = f"chaos-owner-{i}"
+            body = {"name": f"chaos user {i}", "credits": PLATFORM_OPENING if i % 2 == 0 else 0,
+                    "max_active": max_active}
+            headers = {"Idempotency-Key": key}
+            r, retried = await self._send("create owner", "POST", "/v1/owners", json=body, headers=headers)
+            if r is None or r.status_code not in ((200, 201) if retried else (201,)):
+                raise RuntimeError(f"creating a platform's owner answered {r.status_code if r else None} "
+                                   f"{r.text[:200] if r else ''}")
+            owner = r.json()
+            problems = self._shape_problems(owner)
+            if not problems:
+                wanted = (body["name"], body["max_active"], body["credits"], body["credits"], 0, 0, 0)
+                got = (owner["name"], owner["max_active"], owner["credits"]["granted"], owner["credits"]["balance"],
+                       owner["credits"]["reserved"], owner["credits"]["charged"], owner["active"])
+                if got != wanted:
+                    problems.append(f"(name, max_active, granted, balance, reserved, charged, active) {got}, "
+                                    f"asked {wanted}")
+                if r.headers.get("location") != f"/v1/owners/{owner['owner_id']}":
+                    problems.append(f"Location {r.headers.get('location')!r}")
+            if problems:
+                raise RuntimeError(f"creating a platform's owner answered {'; '.join(problems)}")
+            owner_id = owner["owner_id"]
+            self.owner_ids.append(owner_id)
+            self.record.made[key] = invariants.OwnerMade(owner_id, key, body["credits"])
+            self.record.granted[owner_id] = body["credits"]
+            self._locks[owner_id] = asyncio.Lock()
+            if i % 4 == 1:  # a retry of a create whose answer the client lost: the same owner
+                again, _ = await self._send("create owner replay", "POST", "/v1/owners", json=body, headers=headers)
+                if again is None or again.status_code != 200 or again.json().get("owner_id") != owner_id:
+                    self._unexpected(f"create {key} again answered {again.status_code if again else None} "
+                                     f"{again.text[:200] if again else ''}, not 200 with {owner_id}")
+        for i, owner_id in enumerate(self.owner_ids):
+            await self._grant(owner_id, funds, "opening funds", f"chaos-fund-{i}")
+        listed = await self._list_owners()
+        if listed != self.owner_ids[::-1]:
+            self._unexpected(f"GET /v1/owners listed {len(listed)} owners, not the {n} made, newest first")
+
+    async def _list_owners(self) -> list[str]:
+        found: list[str] = []
+        params = {"limit": "7"}  # several pages
+        while True:
+            r, _ = await self._send("list owners", "GET", "/v1/owners", params=params)
+            if r is None or r.status_code != 200:
+                self._unexpected(f"GET /v1/owners answered {r.status_code if r else None}")
+                return found
+            page = r.json()
+            found += [o["owner_id"] for o in page["owners"]]
+            if not page["next_cursor"]:
+                return found
+            params["cursor"] = page["next_cursor"]
+
+    def _body(self, credits: int, reason: str | None) -> dict[str, Any]:
+        return {"credits": credits} if reason is None else {"credits": credits, "reason": reason}
+
+    def _check_granted(self, where: str, owner: Any, owner_id: str, granted: int | None) -> None:
+        problems = self._shape_problems(owner)
+        if not problems:
+            if owner["owner_id"] != owner_id:
+                problems.append(f"owner {owner['owner_id']}")
+            if granted is not None and owner["credits"]["granted"] != granted:
+                problems.append(f"granted {owner['credits']['granted']}, the answers so far make it {granted}")
+            if owner["credits"]["balance"] < 0:
+                problems.append(f"balance {owner['credits']['balance']}")
+        if problems:
+            self._unexpected(f"{where}: " + "; ".join(problems))
+
+    async def _grant(self, owner_id: str, credits: int, reason: str | None, key: str, *,
+                     sure_overdraw: bool = False) -> invariants.GrantSent:
+        r, retried = await self._send("grant", "POST", f"/v1/owners/{owner_id}/grants",
+                                      json=self._body(credits, reason), headers={"Idempotency-Key": key})
+        where = f"grant {key} ({credits:+d} to {owner_id})"
+        outcome = UNANSWERED
+        if r is None:
+            self.record.granted[owner_id] = None  # moved or not: no longer known
+        elif r.status_code == 201 or (r.status_code == 200 and retried):  # 200: an earlier attempt moved it
+            outcome = MOVED
+            before = self.record.granted[owner_id]
+            after = None if before is None else before + credits
+            self._check_granted(where, r.json(), owner_id, after)
+            self.record.granted[owner_id] = after
+            if sure_overdraw:
+                self._unexpected(f"{where}: more than the owner's balance and reservations, yet moved")
+        elif r.status_code == 402 and _error_code(r) == "insufficient_credits":
+            outcome = REFUSED
+        else:
+            self._unexpected(f"{where}: answered {r.status_code} {r.text[:200]}")
+        sent = invariants.GrantSent(owner_id, key, credits, reason, outcome)
+        self.record.grants[key] = sent
+        return sent
+
+    async def _replay(self, sent: invariants.GrantSent) -> None:
+        """The grant again, same key and body: a moved one answers 200 and
+        moves nothing; a sure overdraw is refused again (402)."""
+        r, _ = await self._send("grant replay", "POST", f"/v1/owners/{sent.owner_id}/grants",
+                                json=self._body(sent.credits, sent.reason),
+                                headers={"Idempotency-Key": sent.request_key})
+        want = 200 if sent.outcome == MOVED else 402
+        where = f"grant {sent.request_key} sent again ({sent.outcome})"
+        if r is None:
+            self.record.granted[sent.owner_id] = None
+        elif r.status_code != want:
+            self._unexpected(f"{where}: answered {r.status_code} {r.text[:200]}, not {want}")
+        elif want == 200:
+            self._check_granted(where, r.json(), sent.owner_id, self.record.granted[sent.owner_id])
+
+    async def _read(self, owner_id: str) -> dict | None:
+        r, _ = await self._send("owner read", "GET", f"/v1/owners/{owner_id}")
+        if r is None or r.status_code != 200:
+            if r is not None:
+                self._unexpected(f"GET /v1/owners/{owner_id} answered {r.status_code} {r.text[:200]}")
+            return None
+        owner = r.json()
+        self._check_granted(f"GET /v1/owners/{owner_id}", owner, owner_id, self.record.granted[owner_id])
+        return owner if not self._shape_problems(owner) else None
+
+    async def _one_grant(self, i: int) -> None:
+        owner_id = self.rng.choice(self.owner_ids)
+        reason = self.rng.choice(REASONS)
+        reason = f"{reason} {i}" if reason == "chaos grant" else reason
+        async with self._locks[owner_id]:
+            roll = self.rng.random()
+            sure = False
+            if roll < self.config.overdraw_share + self.config.clawback_share:
+                owner = await self._read(owner_id)
+                if owner is None:
+                    return
+                credits_now = owner["credits"]
+                if roll < self.config.overdraw_share:
+                    # Reserves move balance to reserved, charges and refunds take
+                    # from reserved: balance + reserved only falls while no grant
+                    # comes (and this owner's grants wait for the lock). More than
+                    # it is refused however the jobs move meanwhile.
+                    credits = -(credits_now["balance"] + credits_now["reserved"] + self.rng.randint(1, 50))
+                    sure = True
+                    self.record.sure_overdraws += 1
+                else:  # within the balance read; a reservation since may still make it a 402
+                    credits = -self.rng.randint(1, max(1, min(40, credits_now["balance"])))
+            else:
+                credits = self.rng.randint(1, 60)
+            sent = await self._grant(owner_id, credits, reason, f"chaos-grant-{i}", sure_overdraw=sure)
+            replayable = sent.outcome == MOVED or (sure and sent.outcome == REFUSED)
+            if replayable and self.rng.random() < self.config.grant_replay_share:
+                await self._replay(sent)
+
+    async def race(self, n: int, over_s: float) -> None:
+        """`n` grants and claw-backs spread over `over_s` seconds (the
+        creates' time), `grant_workers` at a time."""
+        started = time.monotonic()
+        numbers = iter(range(n))  # shared: each worker takes the next
+
+        async def worker() -> None:
+            for i in numbers:
+                due = started + i * over_s / max(1, n)
+                if due > time.monotonic():
+                    await asyncio.sleep(due - time.monotonic())
+                await self._one_grant(i)
+
+        await asyncio.gather(*(worker() for _ in range(self.config.grant_workers)))
+
+
 # --- notification receivers --------------------------------------------------------------
 
 ALL_EVENTS: tuple[str, ...] = tuple(NotificationType)
@@ -629,6 +943,11 @@ ENDPOINTS: tuple[tuple[int, str, tuple[str, ...] | None], ...] = (
     (1, "healthy", (NotificationType.RUNNING, NotificationType.UNCERTAIN)),
 )
 DELETED_ENDPOINT = (1, "failing", None)  # registered, then deleted before any job: it gets nothing
+# The platform's own endpoint (its key, no Longcall-Owner): every event of
+# every job of its owners. And one its first owner has (registered by the
+# platform acting for it): that owner's closes go to both.
+PLATFORM_ENDPOINT: tuple[str, tuple[str, ...] | None] = ("failing", ALL_EVENTS)
+ACTING_ENDPOINT: tuple[int, str, tuple[str, ...] | None] = (0, "healthy", None)
 
 
 class _ThreadServer:
@@ -766,6 +1085,7 @@ class ChaosResult:
     caps: list[invariants.CapTally] = field(default_factory=list)  # what the database samples saw of each cap
     notifications: invariants.NotifyTally | None = None  # what was written, delivered and received
     receivers: dict[str, Counter] = field(default_factory=dict)  # receiver -> status code answered -> answers
+    platform: Counter = field(default_factory=Counter)  # the platform's grants by outcome (PlatformRecord.tally)
 
     @property
     def ok(self) -> bool:
@@ -808,6 +1128,10 @@ class Chaos:
         self.priced: list[dict[str, Any]] = []  # the succeeded jobs' charges by model and price (the report)
         self.receivers: dict[str, Receiver] = make_receivers(config, seed) if config.notify else {}
         self.notify_tally: invariants.NotifyTally | None = None
+        self.owner_ids: list[str] = []  # the owners' ids, as the keys setup returns are ordered
+        self.platform_id: str | None = None
+        self.platform: PlatformClient | None = None
+        self.platform_endpoint: str | None = None  # the platform's own endpoint's id
 
     def say(self, line: str) -> None:
         self.out(f"[{time.monotonic() - self.started:6.1f}s] {line}")
@@ -863,7 +1187,8 @@ class Chaos:
 
     async def setup(self) -> list[str]:
         """PostgreSQL, migrations, owners, then the simulator, web and settlers.
-        Returns the owners' API keys (the tight owner last)."""
+        Returns the owners' API keys (the tight owner's, then the platform's,
+        at `platform_key_index`)."""
         self.say(f"workdir {self.workdir}, seed {self.seed}")
         await asyncio.to_thread(self.pg.start)
         self.sim_url = f"http://127.0.0.1:{free_port()}"
@@ -887,7 +1212,16 @@ class Chaos:
                 self._cli, env, "owners", "create", "chaos-tight" if tight else f"chaos-{i}",
                 "--credits", str(credits), "--max-active", str(max_active), "--json"))
             keys.append(made["api_key"])
+            self.owner_ids.append(made["owner_id"])
             self.api_keys[f"the API key of {made['owner_id']}"] = made["api_key"]
+        if self.config.platform:  # its owners have the credits; it needs none, nor slots
+            made = json.loads(await asyncio.to_thread(
+                self._cli, env, "owners", "create", "chaos-platform", "--platform", "--credits", "0",
+                "--max-active", "0", "--json"))
+            keys.append(made["api_key"])
+            self.owner_ids.append(made["owner_id"])
+            self.platform_id = made["owner_id"]
+            self.api_keys[f"the API key of platform {made['owner_id']}"] = made["api_key"]
 
         sim_port = self.sim_url.rsplit(":", 1)[1]
         self.sim = Proc("simulator", ["app.simulator", "--port", sim_port], env, self.workdir / "sim.log")
@@ -906,6 +1240,13 @@ class Chaos:
             s.start()
         await _wait_http(f"{self.web_url}/healthz", self.web)
         endpoints = await self.register_endpoints(keys)
+        if self.config.platform:
+            self.platform = PlatformClient(self.config, self.web_url, keys[platform_key_index(self.config)],
+                                           self.rng)
+            await self.platform.make_owners(self.config.platform_owners, max(100, jobs), self.platform_funds())
+            endpoints += await self.register_platform_endpoints(keys[platform_key_index(self.config)])
+            self.say(f"platform {self.platform_id}: {len(self.platform.owner_ids)} owners made and funded "
+                     f"({self.platform_funds()} credits each)")
         self.say(f"up: postgres {self.pg.port}, simulator {self.sim_url}, web {self.web_url}, "
                  f"{len(self.settlers)} settlers; faults {self.config.faults}; "
                  f"caps {', '.join(c.name for c in self.caps) or 'none'}; "
@@ -942,6 +1283,46 @@ class Chaos:
                         raise RuntimeError(f"deleting a notification endpoint answered {r.status_code}")
                     what += " deleted"
                 made_list.append(what)
+        return made_list
+
+    def platform_funds(self) -> int:
+        """Each platform owner's funding grant: room for its share of the
+        jobs at the most each reserves, and for the claw-backs."""
+        per_owner = self.config.jobs * self.config.platform_share / self.config.platform_owners
+        return math.ceil(per_owner * 20) + 200
+
+    async def register_platform_endpoints(self, platform_key: str) -> list[str]:
+        """PLATFORM_ENDPOINT with the platform's key, ACTING_ENDPOINT with it
+        acting for its owner; each on a slot past the owners' ENDPOINTS."""
+        if not self.receivers:
+            return []
+        assert self.platform is not None
+        owner, acting_name, acting_events = ACTING_ENDPOINT
+        made_list = []
+        async with httpx.AsyncClient(base_url=self.web_url, trust_env=False, timeout=30) as client:
+            for slot, acting, (name, events) in (
+                    (len(ENDPOINTS) + 1, None, PLATFORM_ENDPOINT),
+                    (len(ENDPOINTS) + 2, self.platform.owner_ids[owner], (acting_name, acting_events))):
+                headers = {"Authorization": f"Bearer {platform_key}"}
+                if acting is not None:
+                    headers["Longcall-Owner"] = acting
+                receiver = self.receivers[name]
+                body: dict[str, Any] = {"url": receiver.url(slot)}
+                if events is not None:
+                    body["events"] = list(events)
+                r = await client.post("/v1/webhook-endpoints", json=body, headers=headers)
+                if r.status_code != 201:
+                    raise RuntimeError(f"registering a platform's notification endpoint answered {r.status_code} "
+                                       f"{r.text[:200]}")
+                made = r.json()
+                receiver.register(slot, made["id"], made["secret"])
+                self.api_keys[f"the secret of endpoint {made['id']}"] = made["secret"]
+                asked = "all events" if events == ALL_EVENTS else " ".join(events) if events else "closes"
+                if acting is None:
+                    self.platform_endpoint = made["id"]
+                    made_list.append(f"the platform {name} ({asked})")
+                else:
+                    made_list.append(f"platform owner {owner} {name} ({asked}, by the platform acting for it)")
         return made_list
 
     def receipts(self) -> list[invariants.Receipt]:
@@ -1127,6 +1508,17 @@ class Chaos:
             if self.receivers:
                 notified, self.notify_tally = await invariants.notifications_kept(conn, self.receipts())
                 checks.append(notified)
+            if self.platform is not None and self.platform_id is not None:
+                told = self.platform.record
+                expected_owners = {p.key: self.platform.owner_ids[p.acting] if p.acting is not None
+                                   else self.owner_ids[p.owner] for p in self.load.plans}
+                checks += [
+                    await invariants.grants_kept(conn, self.platform_id, told.made.values(), told.grants.values()),
+                    await invariants.platform_owners_kept(conn, self.platform_id, told.made.values(),
+                                                          expected_owners),
+                    Check("every platform request answered as the contract says", sum(told.answers.values()),
+                          list(told.unexpected)),
+                ]
             by_status = Counter()
             # Uncertain jobs have no error code: which provider they are of says why.
             for r in await conn.fetch(f"select status, coalesce(error_code, case when status = "
@@ -1195,8 +1587,14 @@ async def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> 
     try:
         keys = await chaos.setup()
         plans = plan_jobs(config, chaos.rng)
-        chaos.load = LoadGenerator(config, chaos.web_url, keys, plans, chaos.rng)
+        chaos.load = LoadGenerator(config, chaos.web_url, keys, plans, chaos.rng,
+                                   acting=chaos.platform.owner_ids if chaos.platform else None)
         load = asyncio.create_task(chaos.load.run())
+        # The platform's grants race the creates: spread over the time they take.
+        grants = asyncio.create_task(chaos.platform.race(
+            max(config.min_grants, round(config.jobs * config.grants_per_job)),
+            config.jobs / config.create_rate if config.create_rate else 0.0)
+            if chaos.platform else asyncio.sleep(0))
         statuses_seen: dict[str, int] = {}
 
         def busy() -> bool:
@@ -1219,13 +1617,16 @@ async def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> 
             await load
             load_s = time.monotonic() - chaos.started
             chaos.say(f"all {config.jobs} creates answered, clients done")
+            await grants
+            if chaos.platform:
+                chaos.say("platform grants: " + _platform_line(chaos.platform.record.tally()))
             await restarter  # due by now: it fires at a share of the creates
             await killer
         finally:
             stop_progress.set()
-            for task in (load, killer, restarter, *watchers):
+            for task in (load, grants, killer, restarter, *watchers):
                 task.cancel()
-            await asyncio.gather(load, killer, restarter, *watchers, return_exceptions=True)
+            await asyncio.gather(load, grants, killer, restarter, *watchers, return_exceptions=True)
             await chaos.load.aclose()
         try:
             drained = await chaos.drain()
@@ -1243,6 +1644,8 @@ async def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> 
         elapsed = time.monotonic() - chaos.started
         _report(chaos, checks, by_status, histories, load_s, drain_s, elapsed)
     finally:
+        if chaos.platform:  # made in setup, which may have failed after it
+            await chaos.platform.aclose()
         chaos.teardown(keep=config.keep_dir or not ok)
     cpu = _cpu_s() - cpu_before + chaos.pg_cpu_s
     jobs_made = len(chaos.load.record.accepted) if chaos.load else 0
@@ -1251,7 +1654,19 @@ async def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> 
     out("RESULT: " + ("ok, no violations" if ok else "VIOLATIONS (see above)"))
     return ChaosResult(checks, chaos.kills, Counter({s: n for (s, _), n in by_status.items()}),
                        time.monotonic() - chaos.started, str(chaos.workdir), chaos.cap_tallies,
-                       chaos.notify_tally, {name: r.answers()[0] for name, r in chaos.receivers.items()})
+                       chaos.notify_tally, {name: r.answers()[0] for name, r in chaos.receivers.items()},
+                       chaos.platform.record.tally() if chaos.platform else Counter())
+
+
+def _platform_line(tally: Counter) -> str:
+    return (f"{tally['grants moved']} grants and {tally['claw-backs moved']} claw-backs moved, "
+            f"{tally['grants refused'] + tally['claw-backs refused']} refused 402 "
+            f"({tally['sure overdraws']} sent past what the owner held), "
+            f"{tally['grants unanswered'] + tally['claw-backs unanswered']} unanswered; replays answered "
+            f"200 x{tally['replays answered 200']} and 402 x{tally['replays answered 402']}, "
+            f"200 to a retry after a lost answer x{tally['200 to a retry after a lost answer']}; "
+            f"{tally['retried through an outage']} requests retried through outages; "
+            f"owner creates replayed x{tally['owner creates replayed']}")
 
 
 def _report(chaos: Chaos, checks: list[Check], by_status: Counter, histories: list[str],
@@ -1287,6 +1702,15 @@ def _report(chaos: Chaos, checks: list[Check], by_status: Counter, histories: li
             answers.append(f"{name} " + " ".join(f"{code} x{n}" for code, n in sorted(codes.items()))
                            + (f" ({slow} slowly)" if slow else ""))
         out("notifications: " + chaos.notify_tally.line() + "; receivers answered " + ", ".join(answers))
+    if chaos.platform:
+        platform_jobs = sum(1 for p in chaos.load.plans if p.acting is not None)
+        made = sum(1 for p in chaos.load.plans if p.acting is not None and p.key in record.accepted)
+        got = [r for r in chaos.receipts() if r.endpoint_id == chaos.platform_endpoint]
+        out(f"platform: {len(chaos.platform.owner_ids)} owners, {made} of its {platform_jobs} planned jobs "
+            f"accepted; " + _platform_line(chaos.platform.record.tally()))
+        out(f"platform endpoint {chaos.platform_endpoint}: {len(got)} requests, "
+            f"{sum(1 for r in got if 200 <= r.answered < 300)} accepted, {len({r.webhook_id for r in got})} "
+            f"notifications")
     out("faults done: " + (", ".join(f"{k} x{v}" for k, v in sorted(chaos.kills.items())) or "none"))
     creates_s = (chaos.load.creates_done_at or chaos.started) - chaos.started
     out(f"time: {elapsed:.0f} s (setup and creates {creates_s:.0f} s, clients done at {load_s:.0f} s, "

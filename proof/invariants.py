@@ -519,6 +519,7 @@ async def charged_or_refunded_once(conn) -> Check:
 OWNER_MONEY = """
 select o.id, o.granted, o.balance, o.reserved, o.charged,
   (select coalesce(sum(amount), 0) from ledger l where l.owner_id = o.id and l.kind = 'grant') as grants,
+  (select count(*) from ledger l where l.owner_id = o.id and l.kind = 'grant' and l.amount < 0) as clawbacks,
   (select coalesce(sum(amount), 0) from ledger l where l.owner_id = o.id and l.kind = 'reserve') as reserves,
   (select coalesce(sum(amount), 0) from ledger l where l.owner_id = o.id and l.kind = 'refund') as refunds,
   (select coalesce(sum(credits_reserved), 0) from jobs j
@@ -530,13 +531,18 @@ from owners o
 
 async def owner_money(conn) -> Check:
     """Per owner: granted = balance + in-flight reserved + charged, with each
-    term recomputed from the jobs and the balance replayed from the ledger."""
+    term recomputed from the jobs and the balance replayed from the ledger;
+    granted is the sum of the owner's grant rows, a platform's claw-backs
+    (negative grants) included, and no balance or counter is below zero."""
     rows = await conn.fetch(OWNER_MONEY, IN_FLIGHT)
     violations = []
     for o in rows:
         problems = []
         if o["granted"] != o["grants"]:
             problems.append(f"granted {o['granted']} but grants sum to {o['grants']}")
+        negative = [name for name in ("granted", "balance", "reserved", "charged") if o[name] < 0]
+        if negative:
+            problems.append(f"{', '.join(negative)} below zero")
         if o["granted"] != o["balance"] + o["in_flight_reserved"] + o["jobs_charged"]:
             problems.append(f"granted {o['granted']} != balance {o['balance']} + in-flight reserved "
                             f"{o['in_flight_reserved']} + charged {o['jobs_charged']}")
@@ -549,7 +555,9 @@ async def owner_money(conn) -> Check:
             problems.append(f"balance {o['balance']} != ledger replay {replayed}")
         if problems:
             violations.append(f"{o['id']}: " + "; ".join(problems))
-    return Check("per owner: granted = balance + reserved + charged", len(rows), violations)
+    clawbacks = sum(o["clawbacks"] for o in rows)
+    return Check("per owner: granted = balance + reserved + charged", len(rows), violations,
+                 f"{clawbacks} claw-back(s) among the grants" if clawbacks else "")
 
 
 async def active_slots(conn) -> Check:
@@ -961,6 +969,159 @@ async def reads_agree(conn, seen_terminal: Mapping[str, str]) -> Check:
                   for job_id, status in sorted(seen_terminal.items()) if final.get(job_id) != status])
 
 
+# --- a platform's owners, as its client was told (CONTRACT.md: Apps with many users) ---------
+
+class OwnerMade(NamedTuple):
+    """An owner a platform's client created (`POST /v1/owners`), as it was told."""
+
+    owner_id: str
+    request_key: str  # the create's Idempotency-Key
+    credits: int  # the create's opening credits
+
+
+class GrantSent(NamedTuple):
+    """A grant a platform's client sent (`POST /v1/owners/{id}/grants`) and
+    what its answers came to: `moved` (201, or 200 to a retry after an
+    answer was lost), `refused` (402) or `unanswered`."""
+
+    owner_id: str
+    request_key: str
+    credits: int  # negative: a claw-back
+    reason: str | None
+    outcome: str
+
+
+class GrantRow(NamedTuple):
+    """A grant row of the ledger, of an owner under the platform."""
+
+    owner_id: str
+    amount: int
+    reason: str | None
+    request_key: str | None
+
+
+GRANT_MOVED, GRANT_REFUSED, GRANT_UNANSWERED = "moved", "refused", "unanswered"
+
+
+def grant_problems(made: Iterable[OwnerMade], sent: Iterable[GrantSent], rows: Iterable[GrantRow]) -> list[str]:
+    """Where a platform's owners' grant rows are not what its client was
+    told (pure): each owner has its opening credits as one keyless row (none
+    for 0) and no other keyless row; each grant answered as moved is exactly
+    one row under its key with its amount and reason (so no retry or replay
+    moved it twice); a refused one has none; no row has a key the client
+    never sent for that owner. With `owner_money` (granted = the sum of the
+    rows) this holds each owner's granted to what the answers said."""
+    by_key: dict[tuple[str, str | None], list[GrantRow]] = {}
+    for r in rows:
+        by_key.setdefault((r.owner_id, r.request_key), []).append(r)
+    violations = []
+    owners = set()
+    for m in made:
+        owners.add(m.owner_id)
+        opening = [r.amount for r in by_key.pop((m.owner_id, None), [])]
+        want = [m.credits] if m.credits else []
+        if opening != want:
+            violations.append(f"{m.owner_id}: opening grant rows {opening}, its create asked for {want}")
+    for g in sent:
+        found = by_key.pop((g.owner_id, g.request_key), [])
+        where = f"{g.owner_id} grant {g.request_key} ({g.credits:+d}, {g.outcome})"
+        if g.outcome == GRANT_MOVED:
+            if len(found) != 1:
+                violations.append(f"{where}: {len(found)} ledger rows, one expected")
+            elif (found[0].amount, found[0].reason) != (g.credits, g.reason):
+                violations.append(f"{where}: the row says {found[0].amount:+d} for {found[0].reason!r}, "
+                                  f"the client asked {g.reason!r}")
+        elif g.outcome == GRANT_REFUSED:
+            if found:
+                violations.append(f"{where}: refused, yet {len(found)} ledger row(s)")
+        elif len(found) > 1:
+            violations.append(f"{where}: {len(found)} ledger rows")
+    for (owner_id, key), found in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        what = "keyless grant row(s)" if key is None else f"grant row(s) under key {key}"
+        whose = "" if owner_id in owners else ", an owner the client never made"
+        violations.append(f"{owner_id}: {len(found)} {what} no client sent{whose}")
+    return violations
+
+
+PLATFORM_GRANTS = """
+select l.owner_id, l.amount, l.reason, l.request_key from ledger l join owners o on o.id = l.owner_id
+where l.kind = 'grant' and o.platform_id = $1
+"""
+
+
+async def grants_kept(conn, platform_id: str, made: Iterable[OwnerMade], sent: Iterable[GrantSent]) -> Check:
+    """`grant_problems` over the ledger's grant rows of the platform's owners."""
+    made, sent = list(made), list(sent)
+    rows = [GrantRow(r["owner_id"], r["amount"], r["reason"], r["request_key"])
+            for r in await conn.fetch(PLATFORM_GRANTS, platform_id)]
+    outcomes = Counter(("claw-back" if g.credits < 0 else "grant", g.outcome) for g in sent)
+    note = (f"{outcomes['grant', GRANT_MOVED]} grants and {outcomes['claw-back', GRANT_MOVED]} claw-backs moved, "
+            f"{outcomes['grant', GRANT_REFUSED] + outcomes['claw-back', GRANT_REFUSED]} refused; {len(rows)} "
+            f"ledger rows")
+    return Check("each grant the platform was answered moved once, as answered", len(rows) + len(sent),
+                 grant_problems(made, sent, rows), note)
+
+
+class OwnerRow(NamedTuple):
+    id: str
+    is_platform: bool
+    platform_id: str | None
+    request_key: str | None
+
+
+def platform_owner_problems(platform_id: str, made: Iterable[OwnerMade], owners: Iterable[OwnerRow],
+                            job_owners: Mapping[str, str], expected_owners: Mapping[str, str]) -> list[str]:
+    """Where the owners and their jobs are not what a platform's client
+    made and asked for (pure): the platform is one, its owners are exactly
+    the ones its client was told it made (one per create key: no replay made
+    another), each under its create's key and none a platform itself; every
+    owner with a platform is under a platform owner; and each job
+    (`job_owners`: job idempotency key -> owner) belongs to the owner the
+    load made it for (`expected_owners`, by the same key)."""
+    made = {m.owner_id: m for m in made}
+    rows = {o.id: o for o in owners}
+    violations = []
+    platform = rows.get(platform_id)
+    if platform is None or not platform.is_platform or platform.platform_id is not None:
+        violations.append(f"{platform_id}: not a platform owner ({platform})")
+    for o in rows.values():
+        if o.is_platform and o.platform_id is not None:
+            violations.append(f"{o.id}: a platform under platform {o.platform_id}")
+        parent = rows.get(o.platform_id) if o.platform_id is not None else None
+        if o.platform_id is not None and (parent is None or not parent.is_platform):
+            violations.append(f"{o.id}: under {o.platform_id}, which is no platform")
+    under = {o.id for o in rows.values() if o.platform_id == platform_id}
+    for owner_id in sorted(under - set(made)):
+        violations.append(f"{owner_id}: an owner under the platform that its client was never told of "
+                          f"(key {rows[owner_id].request_key})")
+    for owner_id, m in sorted(made.items()):
+        o = rows.get(owner_id)
+        if o is None or o.platform_id != platform_id:
+            violations.append(f"{owner_id}: made by the platform's create {m.request_key}, but "
+                              f"{'gone' if o is None else f'under {o.platform_id}'}")
+        elif o.request_key != m.request_key:
+            violations.append(f"{owner_id}: made under key {m.request_key}, the row says {o.request_key}")
+    for key, owner_id in sorted(job_owners.items()):
+        want = expected_owners.get(key)
+        if want is not None and owner_id != want:
+            violations.append(f"job key {key}: its job belongs to {owner_id}, the client made it for {want}")
+    return violations
+
+
+async def platform_owners_kept(conn, platform_id: str, made: Iterable[OwnerMade],
+                               expected_owners: Mapping[str, str]) -> Check:
+    """`platform_owner_problems` over the owners and jobs tables."""
+    owners = [OwnerRow(r["id"], r["is_platform"], r["platform_id"], r["request_key"])
+              for r in await conn.fetch("select id, is_platform, platform_id, request_key from owners")]
+    job_owners = {r["request_key"]: r["owner_id"]
+                  for r in await conn.fetch("select request_key, owner_id from jobs where request_key is not null")}
+    under = {o.id for o in owners if o.platform_id == platform_id}
+    theirs = sum(1 for owner_id in job_owners.values() if owner_id in under)
+    return Check("a platform's owners are the ones it made, each job its owner's", len(owners) + len(job_owners),
+                 platform_owner_problems(platform_id, made, owners, job_owners, expected_owners),
+                 f"{len(under)} owners under the platform, {theirs} jobs of theirs")
+
+
 def secrets_not_logged(log_paths: Iterable[str], secrets: Mapping[str, str]) -> Check:
     """No log line of any process carries a secret (SECRET_KEY, an API key,
     a provider token). Searched by each secret's last 16 characters: an API
@@ -981,7 +1142,8 @@ def secrets_not_logged(log_paths: Iterable[str], secrets: Mapping[str, str]) -> 
 
 # CONTRACT.md: Notifications to the client. One notification per notified
 # transition (running, uncertain, each close), written with it, with one
-# delivery per endpoint of the owner that asked for the event; each delivery
+# delivery per endpoint of the owner, or of the owner's platform (Apps with
+# many users), that asked for the event; each delivery
 # is delivered, still retrying within its 24 h, or failed because its
 # endpoint was deleted. Timestamps are the writing transactions' now().
 RETRY_FOR = dt.timedelta(hours=24)
@@ -1003,6 +1165,7 @@ class NotifiedJob(NamedTuple):
     created_at: dt.datetime
     finished_at: dt.datetime | None
     ran: int  # task_saved lines with job_was_closed false: the times it became running
+    platform_id: str | None = None  # its owner's platform, whose endpoints are asked too
 
 
 class Notification(NamedTuple):
@@ -1013,6 +1176,7 @@ class Notification(NamedTuple):
     created_at: dt.datetime
     data_id: str | None  # the job in its `data`, and its status there
     data_status: str | None
+    platform_id: str | None = None  # its job's owner's platform (it lists the notification)
 
 
 class Delivery(NamedTuple):
@@ -1046,10 +1210,13 @@ class NotifyTally:
     received: int = 0
     duplicates: int = 0  # 2xx answers beyond the first for one notification at one endpoint
     bad_signatures: int = 0
+    to_platforms: int = 0  # of the deliveries: to an endpoint of the job owner's platform
 
     def line(self) -> str:
         text = (f"{self.notifications} notifications written, {self.deliveries} deliveries: {self.delivered} "
                 f"delivered, {self.pending} still pending, {self.failed} failed")
+        if self.to_platforms:
+            text += f"; {self.to_platforms} of the deliveries to a platform's endpoints"
         if self.received:
             text += (f"; receivers got {self.received} requests, {self.duplicates} duplicates, "
                      f"{self.bad_signatures} bad signatures")
@@ -1057,7 +1224,8 @@ class NotifyTally:
 
 
 def _asks(endpoint: Endpoint, job: NotifiedJob, type_: str) -> bool:
-    return endpoint.owner_id == job.owner_id and type_ in endpoint.events
+    """The endpoint is the job owner's, or its owner's platform's, and asks for the event."""
+    return endpoint.owner_id in (job.owner_id, job.platform_id) and type_ in endpoint.events
 
 
 def _may_match(endpoint: Endpoint, job: NotifiedJob, type_: str, now: dt.datetime) -> bool:
@@ -1096,7 +1264,8 @@ def notification_problems(jobs: Iterable[NotifiedJob], endpoints: Iterable[Endpo
                           notifications: Iterable[Notification], deliveries: Iterable[Delivery],
                           receipts: Iterable[Receipt] | None, now: dt.datetime) -> tuple[list[str], NotifyTally]:
     """Every notified transition has exactly one notification, with exactly
-    one delivery per endpoint of its owner that asked for its event, each
+    one delivery per endpoint of its owner (or of its owner's platform) that
+    asked for its event, each
     delivered or still retrying within its 24 h (failed only when its
     endpoint was deleted). With `receipts` (what the receivers got): every
     delivered notification reached its endpoint's receiver with a valid
@@ -1134,6 +1303,9 @@ def notification_problems(jobs: Iterable[NotifiedJob], endpoints: Iterable[Endpo
         if n.owner_id != job.owner_id or n.data_id != job.id or f"job.{n.data_status}" != n.type:
             violations.append(f"{n.id} ({n.type} of {job.id}): its owner {n.owner_id} and data "
                               f"({n.data_id}, {n.data_status}) are not its job's")
+        if n.platform_id != job.platform_id:
+            violations.append(f"{n.id} ({n.type} of {job.id}): its platform {n.platform_id}, its job's owner's "
+                              f"{job.platform_id}")
         got = Counter(sent_to[n.id])
         if not got:
             violations.append(f"{n.id} ({n.type} of {job.id}): written with no delivery")
@@ -1154,6 +1326,9 @@ def notification_problems(jobs: Iterable[NotifiedJob], endpoints: Iterable[Endpo
             violations.append(f"{where}: a delivery of no notification")
         endpoint = endpoints_by_id.get(d.endpoint_id)
         tally.deliveries += 1
+        notified = jobs_by_id.get(by_id[d.notification_id].job_id) if d.notification_id in by_id else None
+        if endpoint is not None and notified is not None and endpoint.owner_id == notified.platform_id:
+            tally.to_platforms += 1
         if d.status == DeliveryStatus.DELIVERED:
             tally.delivered += 1
             if d.attempts < 1 or not _is_2xx(d.last_status_code):
@@ -1207,14 +1382,15 @@ def _receipt_problems(receipts: list[Receipt], notifications: Mapping[str, Notif
 
 
 NOTIFIED_JOBS = f"""
-select j.id, j.owner_id, j.status, j.created_at, j.finished_at,
+select j.id, j.owner_id, j.status, j.created_at, j.finished_at, o.platform_id,
        (select count(*) from job_events e where e.job_id = j.id and e.type = '{EventType.TASK_SAVED}'
           and e.detail->>'job_was_closed' = 'false') as ran
-from jobs j
+from jobs j join owners o on o.id = j.owner_id
 """
 ENDPOINTS = "select id, owner_id, events, created_at, deleted_at from webhook_endpoints"
 NOTIFICATIONS = """
-select id, owner_id, job_id, type, created_at, data->>'id' as data_id, data->>'status' as data_status
+select id, owner_id, job_id, type, created_at, data->>'id' as data_id, data->>'status' as data_status,
+       platform_id
 from notifications
 """
 DELIVERIES = f"""
@@ -1234,12 +1410,12 @@ async def notifications_kept(conn, receipts: Iterable[Receipt] | None = None) ->
 
 
 async def _notifications_kept(conn, receipts: Iterable[Receipt] | None) -> tuple[Check, NotifyTally]:
-    jobs = [NotifiedJob(r["id"], r["owner_id"], r["status"], r["created_at"], r["finished_at"], r["ran"])
-            for r in await conn.fetch(NOTIFIED_JOBS)]
+    jobs = [NotifiedJob(r["id"], r["owner_id"], r["status"], r["created_at"], r["finished_at"], r["ran"],
+                        r["platform_id"]) for r in await conn.fetch(NOTIFIED_JOBS)]
     endpoints = [Endpoint(r["id"], r["owner_id"], tuple(r["events"]), r["created_at"], r["deleted_at"])
                  for r in await conn.fetch(ENDPOINTS)]
     notifications = [Notification(r["id"], r["owner_id"], r["job_id"], r["type"], r["created_at"], r["data_id"],
-                                  r["data_status"]) for r in await conn.fetch(NOTIFICATIONS)]
+                                  r["data_status"], r["platform_id"]) for r in await conn.fetch(NOTIFICATIONS)]
     deliveries = [Delivery(r["notification_id"], r["endpoint_id"], r["status"], r["attempts"],
                            r["last_status_code"], r["retry_from"], r["has_intent"])
                   for r in await conn.fetch(DELIVERIES)]

@@ -1,6 +1,7 @@
 """The chaos run, small: the real processes (PostgreSQL, simulator, web, two
 settlers), a few hundred jobs under simulator faults, priced and capped by
-the run's models file and MAX_IN_FLIGHT_FAL, one settler and one web server
+the run's models file and MAX_IN_FLIGHT_FAL, a quarter of them through a
+platform acting for its owners, one settler and one web server
 SIGKILLed and PostgreSQL restarted — then every invariant holds.
 
 And the checks themselves can fail: each one is shown a database (or
@@ -53,6 +54,14 @@ async def test_small_chaos_run_keeps_every_invariant():
     tally = result.notifications
     assert tally is not None and tally.delivered >= 150 and tally.pending == 0, report
     assert result.receivers["failing"][500] >= 100 and result.receivers["slow"][204] >= 20, report
+    # A platform acting for 20 owners it made (Apps with many users): a quarter of the jobs, and its
+    # grants, claw-backs and refused claw-backs raced the creates; replays moved nothing (the ledger
+    # checks above say so); its own endpoint got its owners' notifications.
+    platform = result.platform
+    assert platform["grants moved"] >= 25 and platform["claw-backs moved"] >= 1, report
+    assert platform["claw-backs refused"] >= 1 and platform["replays answered 200"] >= 1, report
+    assert by_name["a platform's owners are the ones it made, each job its owner's"].checked >= 150, report
+    assert tally.to_platforms >= 30, report
 
 
 # --- the checks catch what they guard against -----------------------------------------

@@ -394,3 +394,133 @@ def test_the_slow_receiver_answers_late_but_in_time():
         receiver.server.stop()
     assert 1.0 <= took < delivery.SEND_TIMEOUT_S
     assert receiver.answers() == ({204: 1}, 1)
+
+
+# --- a platform's endpoints receive its owners' notifications (Apps with many users) ----------
+
+def _platform_world() -> World:
+    """World, plus platform p (endpoint ePlat: every event) with owners o3
+    (endpoint eO3: closes) and o4 (none) under it: o3's j6 ran and
+    succeeded (its running to ePlat, its close to both), o4's j7 failed
+    before running (its close to ePlat alone). p2 is another platform
+    (endpoint eP2: every event) with no owners."""
+    w = World()
+    w.endpoints += [Endpoint("ePlat", "p", ALL_EVENTS, at(0), None),
+                    Endpoint("eO3", "o3", CLOSES, at(0), None),
+                    Endpoint("eP2", "p2", ALL_EVENTS, at(0), None)]
+    w.jobs += [NotifiedJob("j6", "o3", "succeeded", at(2), at(5), 1, "p"),
+               NotifiedJob("j7", "o4", "failed", at(2), at(3), 0, "p")]
+    w.notifications += [Notification("n8", "o3", "j6", "job.running", at(3), "j6", "running", "p"),
+                        Notification("n9", "o3", "j6", "job.succeeded", at(5), "j6", "succeeded", "p"),
+                        Notification("n10", "o4", "j7", "job.failed", at(3), "j7", "failed", "p")]
+    added = [Delivery("n8", "ePlat", "delivered", 1, 204, at(3), False),
+             Delivery("n9", "ePlat", "delivered", 1, 204, at(5), False),
+             Delivery("n9", "eO3", "delivered", 1, 204, at(5), False),
+             Delivery("n10", "ePlat", "delivered", 1, 204, at(3), False)]
+    w.deliveries += added
+    for d in added:
+        n = w.notification(d.notification_id)
+        w.receipts.append(Receipt(d.endpoint_id, n.id, n.type, n.job_id, True, 204))
+    return w
+
+
+def test_a_platforms_endpoints_get_its_owners_notifications_and_are_counted():
+    violations, tally = _platform_world().check()
+    assert violations == []
+    assert (tally.notifications, tally.deliveries, tally.to_platforms) == (9, 13, 3)
+    assert "3 of the deliveries to a platform's endpoints" in tally.line()
+
+
+def _to_other_platform(w: World) -> None:
+    w.deliveries.append(Delivery("n10", "eP2", "delivered", 1, 204, at(3), False))
+    w.receipts.append(Receipt("eP2", "n10", "job.failed", "j7", True, 204))
+
+
+def _plain_owner_to_platform(w: World) -> None:
+    w.deliveries.append(Delivery("n3", "ePlat", "delivered", 1, 204, at(3), False))
+    w.receipts.append(Receipt("ePlat", "n3", "job.failed", "j2", True, 204))
+
+
+BROKEN_PLATFORM = [
+    ("the platform's endpoint missed its owner's close",
+     lambda w: (w.drop(w.deliveries, lambda d: (d.notification_id, d.endpoint_id) == ("n9", "ePlat")),
+                w.drop(w.receipts, lambda r: (r.webhook_id, r.endpoint_id) == ("n9", "ePlat"))),
+     ["n9 (job.succeeded of j6): no delivery to ePlat, which asked for it"]),
+    ("the owner's own endpoint missed the close the platform got",
+     lambda w: (w.drop(w.deliveries, lambda d: (d.notification_id, d.endpoint_id) == ("n9", "eO3")),
+                w.drop(w.receipts, lambda r: (r.webhook_id, r.endpoint_id) == ("n9", "eO3"))),
+     ["n9 (job.succeeded of j6): no delivery to eO3, which asked for it"]),
+    ("a job only the platform's endpoint asked for, not notified", lambda w: w.drop_notification("n10"),
+     ["j7 (failed): 0 job.failed notification(s), expected 1"]),
+    ("another platform's endpoint got it", _to_other_platform,
+     ["n10 (job.failed of j7): a delivery to eP2, which did not ask for it"]),
+    ("a platform's endpoint got the job of an owner not under it", _plain_owner_to_platform,
+     ["n3 (job.failed of j2): a delivery to ePlat, which did not ask for it"]),
+    ("a notification that does not name its owner's platform",
+     lambda w: w.replace(w.notifications, lambda n: n.id == "n10", platform_id=None),
+     ["n10 (job.failed of j7): its platform None, its job's owner's p"]),
+    ("a plain owner's notification naming a platform",
+     lambda w: w.replace(w.notifications, lambda n: n.id == "n3", platform_id="p"),
+     ["n3 (job.failed of j2): its platform p, its job's owner's None"]),
+    ("the platform's endpoint given its owner's close twice",
+     lambda w: w.deliveries.append(Delivery("n9", "ePlat", "delivered", 1, 204, at(5), False)),
+     ["n9 (job.succeeded of j6): 2 deliveries to ePlat"]),
+]
+
+
+@pytest.mark.parametrize("name, breaks, expected", BROKEN_PLATFORM, ids=[b[0] for b in BROKEN_PLATFORM])
+def test_each_platform_violation_is_caught(name, breaks, expected):
+    world = _platform_world()
+    breaks(world)
+    violations, _ = world.check()
+    assert sorted(violations) == sorted(expected)
+
+
+def test_a_platform_endpoint_deleted_before_its_owners_job_is_owed_nothing():
+    world = _platform_world()
+    world.replace(world.endpoints, lambda e: e.id == "ePlat", deleted_at=at(1))
+    violations, _ = world.check()
+    assert sorted(violations) == ["j6 (succeeded): 1 job.running notification(s), expected 0",
+                                  "j7 (failed): 1 job.failed notification(s), expected 0",
+                                  "n10 (job.failed of j7): a delivery to ePlat, which did not ask for it",
+                                  "n8 (job.running of j6): a delivery to ePlat, which did not ask for it",
+                                  "n9 (job.succeeded of j6): a delivery to ePlat, which did not ask for it"]
+    world.drop_notification("n8")
+    world.drop_notification("n10")
+    world.drop(world.deliveries, lambda d: d.endpoint_id == "ePlat")
+    world.drop(world.receipts, lambda r: r.endpoint_id == "ePlat")
+    violations, tally = world.check()
+    assert violations == [] and tally.to_platforms == 0
+
+
+async def test_over_the_rows_written_for_a_platforms_owner(db, make_owner):
+    """A platform with an endpoint for every event, an owner under it (made
+    as `POST /v1/owners` makes it) with its own endpoint for closes, and a
+    plain owner with none: the transitions wrote the owner's job's
+    notifications with the platform named and a delivery to each endpoint
+    that asked, the plain owner's job none — which holds; a delivery to the
+    platform's endpoint lost is caught."""
+    from app.domain import owners
+
+    platform = await make_owner(credits=0, platform=True)
+    plain = await make_owner(credits=100)
+    async with db.acquire() as conn:
+        user, _ = await owners.create_under(conn, platform.owner_id, name="a user", credits=100, max_active=10,
+                                            request_key="u1")
+        every = await _endpoint(conn, platform.owner_id, ALL_EVENTS)
+        await _endpoint(conn, user.id, CLOSES)
+    job = await _ran_and_closed(db, user.id, 0, JobStatus.SUCCEEDED)
+    await _ran_and_closed(db, plain.owner_id, 1, JobStatus.SUCCEEDED)
+
+    check, tally, _ = await _check(db)
+    assert check.violations == []
+    assert (tally.notifications, tally.deliveries, tally.to_platforms) == (2, 3, 2)
+    named = await db.fetch("select distinct platform_id from notifications where job_id = $1", job)
+    assert [r["platform_id"] for r in named] == [platform.owner_id]
+
+    lost = await db.fetchval("""select d.id from deliveries d join notifications n on n.id = d.notification_id
+                                where d.endpoint_id = $1 and n.type = 'job.succeeded'""", every)
+    await db.execute("delete from outbox where delivery_id = $1", lost)
+    await db.execute("delete from deliveries where id = $1", lost)
+    check = (await _check(db))[0]
+    assert [v for v in check.violations if f"no delivery to {every}" in v] and len(check.violations) == 1
