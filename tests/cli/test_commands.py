@@ -51,6 +51,13 @@ async def test_numbers_after_commands(run, db):
     assert all(key.encode() not in bytes(r["key_hash"]) and r["prefix"] != key for r in stored)
 
 
+async def test_a_platform_owner_is_made_by_its_flag(run, db):
+    platform = json.loads(run("owners", "create", "my app", "--platform", "--json").stdout)["owner_id"]
+    plain = json.loads(run("owners", "create", "acme", "--json").stdout)["owner_id"]
+    rows = dict(await db.fetch("select id, is_platform from owners"))
+    assert rows == {platform: True, plain: False}
+
+
 @pytest.mark.parametrize("args,code", [
     (("owners", "grant", "own_000000000000000000000000", "5"), 1),
     (("owners", "grant", "own_x", "-5"), 1),
