@@ -1264,17 +1264,7 @@ class Chaos:
                 if not self.receivers or owner >= self.config.owners:
                     continue
                 auth = {"Authorization": f"Bearer {keys[owner]}"}
-                receiver = self.receivers[name]
-                body: dict[str, Any] = {"url": receiver.url(slot)}
-                if events is not None:
-                    body["events"] = list(events)
-                r = await client.post("/v1/webhook-endpoints", json=body, headers=auth)
-                if r.status_code != 201:
-                    raise RuntimeError(f"registering a notification endpoint answered {r.status_code} "
-                                       f"{r.text[:200]}")
-                made = r.json()
-                receiver.register(slot, made["id"], made["secret"])
-                self.api_keys[f"the secret of endpoint {made['id']}"] = made["secret"]
+                made = await self._register_endpoint(client, auth, name, slot, events)
                 asked = "all events" if events == ALL_EVENTS else " ".join(events) if events else "closes"
                 what = f"owner {owner} {name} ({asked})"
                 if slot == len(ENDPOINTS):  # DELETED_ENDPOINT
@@ -1284,6 +1274,21 @@ class Chaos:
                     what += " deleted"
                 made_list.append(what)
         return made_list
+
+    async def _register_endpoint(self, client: httpx.AsyncClient, headers: dict[str, str], name: str, slot: int,
+                                 events: Any) -> dict[str, Any]:
+        """Register receiver `name`'s endpoint on `slot` through the API; its secret goes to the receiver."""
+        receiver = self.receivers[name]
+        body: dict[str, Any] = {"url": receiver.url(slot)}
+        if events is not None:
+            body["events"] = list(events)
+        r = await client.post("/v1/webhook-endpoints", json=body, headers=headers)
+        if r.status_code != 201:
+            raise RuntimeError(f"registering a notification endpoint answered {r.status_code} {r.text[:200]}")
+        made = r.json()
+        receiver.register(slot, made["id"], made["secret"])
+        self.api_keys[f"the secret of endpoint {made['id']}"] = made["secret"]
+        return made
 
     def platform_funds(self) -> int:
         """Each platform owner's funding grant: room for its share of the
@@ -1306,17 +1311,7 @@ class Chaos:
                 headers = {"Authorization": f"Bearer {platform_key}"}
                 if acting is not None:
                     headers["Longcall-Owner"] = acting
-                receiver = self.receivers[name]
-                body: dict[str, Any] = {"url": receiver.url(slot)}
-                if events is not None:
-                    body["events"] = list(events)
-                r = await client.post("/v1/webhook-endpoints", json=body, headers=headers)
-                if r.status_code != 201:
-                    raise RuntimeError(f"registering a platform's notification endpoint answered {r.status_code} "
-                                       f"{r.text[:200]}")
-                made = r.json()
-                receiver.register(slot, made["id"], made["secret"])
-                self.api_keys[f"the secret of endpoint {made['id']}"] = made["secret"]
+                made = await self._register_endpoint(client, headers, name, slot, events)
                 asked = "all events" if events == ALL_EVENTS else " ".join(events) if events else "closes"
                 if acting is None:
                     self.platform_endpoint = made["id"]

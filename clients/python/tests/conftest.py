@@ -94,3 +94,17 @@ async def make_api(request: pytest.FixtureRequest, longcall: Longcall):
 @pytest.fixture
 def api(make_api) -> Api:
     return make_api()
+
+
+@pytest.fixture
+def proxy(longcall):
+    """`proxy(decide)`: a loopback proxy in front of the session's longcall that `decide`s each answer's fate."""
+    started: list[Loopback] = []
+
+    def start(decide) -> Loopback:
+        started.append(Loopback(decide, upstream=longcall.base_url))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.close()

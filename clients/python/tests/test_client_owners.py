@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from client_support import FAST, FORWARD, FORWARD_THEN_DROP, SLOW, WAIT_S, Loopback
+from client_support import FAST, FORWARD, FORWARD_THEN_DROP, SLOW, WAIT_S
 from longcall_client import (
     IdempotencyConflict,
     InsufficientCredits,
@@ -64,19 +64,6 @@ async def recording(make_api):
             await http.aclose()
         else:
             http.close()
-
-
-@pytest.fixture
-def proxy(longcall):
-    started: list[Loopback] = []
-
-    def start(decide) -> Loopback:
-        started.append(Loopback(decide, upstream=longcall.base_url))
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.close()
 
 
 def lose_first_answer(method: str, path_suffix: str):

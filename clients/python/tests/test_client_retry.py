@@ -26,19 +26,6 @@ def once_then_forward(first_action):
     return decide
 
 
-@pytest.fixture
-def proxy(longcall):
-    started: list[Loopback] = []
-
-    def start(decide) -> Loopback:
-        started.append(Loopback(decide, upstream=longcall.base_url))
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.close()
-
-
 @pytest.mark.parametrize("first", [FORWARD_THEN_DROP, DROP, UNAVAILABLE], ids=["answer-lost", "dropped", "503"])
 async def test_a_create_is_retried_with_the_same_key(first, proxy, make_owner, make_api):
     owner = make_owner()
