@@ -4,6 +4,10 @@ and acts for its owners with Longcall-Owner (CONTRACT.md: Apps with many
 users)."""
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+import re
+
 JOB = {"provider": "sim", "model": "image-fast", "input": {"prompt": "a cat"}, "max_credits": 10}
 
 
@@ -71,3 +75,52 @@ async def test_outside_owners_and_plain_keys_get_the_same_404(web, make_owner):
         answers.append(await c.get("/v1/owners"))
     assert {(r.status_code, r.text) for r in answers} == {
         (404, '{"error":{"code":"not_found","message":"no such owner"}}')}
+
+
+OWNER_KEYS = {"owner_id", "name", "credits", "active", "max_active", "created_at"}
+
+
+async def test_a_new_owner_is_under_its_platform_with_its_opening_grant(web, make_owner, db):
+    served = await web()
+    platform = await make_owner(credits=0, platform=True, name="app")
+    async with served.client(platform.api_key) as c:
+        made = await c.post("/v1/owners", json={"name": "alice", "credits": 40, "max_active": 2})
+        assert made.status_code == 201, made.text
+        alice = made.json()
+        assert set(alice) == OWNER_KEYS and re.fullmatch(r"own_[0-9a-f]{24}", alice["owner_id"])
+        assert made.headers["location"] == f"/v1/owners/{alice['owner_id']}"
+        assert (alice["name"], alice["credits"], alice["active"], alice["max_active"]) == (
+            "alice", {"granted": 40, "balance": 40, "reserved": 0, "charged": 0}, 0, 2)
+        assert dt.datetime.fromisoformat(alice["created_at"].replace("Z", "+00:00")).tzinfo is not None
+        assert alice["created_at"].endswith("Z")
+        assert (await c.get(made.headers["location"])).json() == alice
+        bob = (await c.post("/v1/owners", json={"name": "bob"})).json()
+        # A platform cannot make platforms.
+        refused = await c.post("/v1/owners", json={"name": "sub", "platform": True})
+        assert refused.status_code == 400 and error_code(refused) == "invalid_request"
+    rows = {r["id"]: (r["platform_id"], r["is_platform"])
+            for r in await db.fetch("select id, platform_id, is_platform from owners")}
+    assert rows == {platform.owner_id: (None, True), alice["owner_id"]: (platform.owner_id, False),
+                    bob["owner_id"]: (platform.owner_id, False)}
+    grants = await db.fetch("select owner_id, amount from ledger where kind = 'grant'")
+    assert [tuple(g) for g in grants] == [(alice["owner_id"], 40)]  # bob's zero is no row
+
+
+async def test_concurrent_sign_ups_with_one_key_make_one_owner(web, make_owner, db):
+    served = await web()
+    platform = await make_owner(credits=0, platform=True, name="app")
+    other = await make_owner(credits=0, platform=True, name="other")
+    body, key = {"name": "alice", "credits": 25}, {"Idempotency-Key": "signup-alice"}
+    async with served.client(platform.api_key) as c:
+        answers = await asyncio.gather(*[c.post("/v1/owners", json=body, headers=key) for _ in range(20)])
+        assert sorted(a.status_code for a in answers) == [200] * 19 + [201], {a.text for a in answers}
+        assert len({a.json()["owner_id"] for a in answers}) == 1
+        conflict = await c.post("/v1/owners", json={**body, "credits": 26}, headers=key)
+        assert conflict.status_code == 409 and error_code(conflict) == "idempotency_conflict"
+    async with served.client(other.api_key) as c:  # the key is the platform's: another's is its own
+        theirs = await c.post("/v1/owners", json=body, headers=key)
+        assert theirs.status_code == 201 and theirs.json()["owner_id"] != answers[0].json()["owner_id"]
+    for p, count in ((platform, 1), (other, 1)):
+        assert await db.fetchval("select count(*) from owners where platform_id = $1", p.owner_id) == count
+    assert await db.fetchval("select count(*) from ledger where kind = 'grant'") == 2
+    assert await db.fetchval("select sum(granted) from owners") == 50

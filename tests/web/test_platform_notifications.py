@@ -2,8 +2,25 @@
 redelivers which delivery (app/domain/notifications.py)."""
 from __future__ import annotations
 
+import asyncio
+import time
+
+import pytest
+import standardwebhooks
+
+from app.domain import owners
+from tests.support.receiver import Receiver, RunningReceiver
+
 JOB = {"provider": "sim", "model": "image-fast", "input": {"prompt": "a cat"}, "max_credits": 10}
 ORIGIN = "http://127.0.0.1:9"  # allowed by NOTIFY_ALLOWED_ORIGINS; nothing is sent (no settler)
+
+
+async def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
 
 
 async def test_one_notification_reaches_the_platform_and_the_owner_and_each_sees_its_own(web, make_owner, db):
@@ -57,3 +74,80 @@ async def test_one_notification_reaches_the_platform_and_the_owner_and_each_sees
     async with served.client(rival.api_key) as c:
         assert (await c.get("/v1/notifications")).json()["notifications"] == []
         assert (await c.post(f"/v1/notifications/{notification}/redeliver")).status_code == 404
+
+
+async def test_the_platform_and_the_owner_each_receive_the_one_notification_signed_with_their_own_secret(
+        web, make_owner, db, make_settings, start_settler):
+    with RunningReceiver(Receiver()) as app_rx, RunningReceiver(Receiver()) as user_rx, \
+            RunningReceiver(Receiver()) as rival_rx:
+        env = {"NOTIFY_ALLOWED_ORIGINS": ",".join(rx.origin for rx in (app_rx, user_rx, rival_rx))}
+        served = await web(**env)
+        platform = await make_owner(platform=True, name="app")
+        rival = await make_owner(platform=True, name="rival")
+        async with served.client(rival.api_key) as c:
+            assert (await c.post("/v1/webhook-endpoints", json={"url": rival_rx.url})).status_code == 201
+        async with served.client(platform.api_key) as c:
+            user = (await c.post("/v1/owners", json={"name": "alice", "credits": 100})).json()["owner_id"]
+            sibling = (await c.post("/v1/owners", json={"name": "bob", "credits": 100})).json()["owner_id"]
+            acting = {"Longcall-Owner": user}
+            app_endpoint = (await c.post("/v1/webhook-endpoints", json={"url": app_rx.url})).json()
+            # The platform's endpoint that asks only for successes gets no cancellation.
+            successes = (await c.post("/v1/webhook-endpoints", json={"url": app_rx.url, "events": ["job.succeeded"]}
+                                      )).json()["id"]
+            user_endpoint = (await c.post("/v1/webhook-endpoints", json={"url": user_rx.url},
+                                          headers=acting)).json()
+            job = (await c.post("/v1/jobs", json={**JOB, "metadata": {"order": "A-1"}}, headers=acting)).json()["id"]
+            assert (await c.post(f"/v1/jobs/{job}/cancel", headers=acting)).status_code == 200
+        await start_settler(make_settings(**env), concurrency=4)
+
+        async def both_received() -> bool:
+            return bool(app_rx.receiver.received and user_rx.receiver.received)
+
+        await wait_until(both_received, what="a delivery to each endpoint")
+        await asyncio.sleep(1.0)  # a second delivery, or one to the rival, would have come by now
+        [to_app], [to_user] = app_rx.receiver.received, user_rx.receiver.received
+        assert rival_rx.receiver.received == []
+        for got, endpoint in ((to_app, app_endpoint), (to_user, user_endpoint)):
+            verified = standardwebhooks.Webhook(endpoint["secret"]).verify(got.body, got.headers)
+            assert verified["type"] == "job.cancelled" and verified["data"]["id"] == job
+            assert verified["data"]["owner_id"] == user and verified["data"]["metadata"] == {"order": "A-1"}
+            # Signed with that endpoint's secret, not the other's.
+            other = user_endpoint if endpoint is app_endpoint else app_endpoint
+            with pytest.raises(standardwebhooks.WebhookVerificationError):
+                standardwebhooks.Webhook(other["secret"]).verify(got.body, got.headers)
+        assert to_app.headers["webhook-id"] == to_user.headers["webhook-id"]  # one notification
+        notification = to_app.headers["webhook-id"]
+        assert await db.fetchval("select count(*) from deliveries where endpoint_id = $1", successes) == 0
+
+        def deliveries(listing) -> dict:
+            [n] = listing["notifications"]
+            assert (n["id"], n["job_id"], n["type"]) == (notification, job, "job.cancelled")
+            return {d["endpoint_id"]: (d["status"], d["attempts"]) for d in n["deliveries"]}
+
+        async with served.client(platform.api_key) as c:
+            assert deliveries((await c.get("/v1/notifications")).json()) == {
+                app_endpoint["id"]: ("delivered", 1), user_endpoint["id"]: ("delivered", 1)}
+            assert deliveries((await c.get("/v1/notifications", headers=acting)).json()) == {
+                user_endpoint["id"]: ("delivered", 1)}
+        async with db.acquire() as conn:
+            key_of_user, key_of_sibling = await owners.create_key(conn, user), await owners.create_key(conn, sibling)
+        async with served.client(key_of_user) as c:
+            assert deliveries((await c.get("/v1/notifications")).json()) == {user_endpoint["id"]: ("delivered", 1)}
+        for key in (key_of_sibling, rival.api_key):
+            async with served.client(key) as c:
+                assert (await c.get("/v1/notifications")).json()["notifications"] == []
+                missing = await c.post(f"/v1/notifications/{notification}/redeliver")
+                assert (missing.status_code, missing.json()["error"]["message"]) == (404, "no such notification")
+
+        # The owner's own key redelivers its endpoint's delivery, and only that one is sent again.
+        async with served.client(key_of_user) as c:
+            again = await c.post(f"/v1/notifications/{notification}/redeliver")
+            assert again.status_code == 202, again.text
+            assert [d["endpoint_id"] for d in again.json()["deliveries"]] == [user_endpoint["id"]]
+
+        async def sent_again() -> bool:
+            return len(user_rx.receiver.received) == 2
+
+        await wait_until(sent_again, what="the owner's redelivery")
+        await asyncio.sleep(1.0)
+        assert len(app_rx.receiver.received) == 1 and user_rx.receiver.ids() == [notification] * 2
