@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import ipaddress
 import json
-import time
 
 import pytest
 import standardwebhooks
@@ -20,6 +19,7 @@ from app.vocabulary import DEFAULT_EVENTS
 from app.web import create_app
 from tests.conftest import Served, serve_app
 from tests.support.receiver import Receiver, RunningReceiver
+from tests.support.waiting import wait_until
 
 JOB = {"provider": "sim", "model": "image-fast", "input": {"prompt": "a cat"}, "max_credits": 10}
 HOOK = "https://hooks.example.com/longcall"
@@ -56,13 +56,6 @@ async def app_with(db, make_settings):
         server.should_exit = True
         await task
 
-
-async def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def error_code(response) -> str:

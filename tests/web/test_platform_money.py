@@ -9,23 +9,9 @@ import asyncio
 
 from app.web.body import MAX_CREDITS
 from app.web.owners import MAX_GRANT_REASON
+from tests.support.platform import money, new_owner
 
 JOB = {"provider": "sim", "model": "image-fast", "input": {"prompt": "a cat"}, "max_credits": 10}
-
-
-async def new_owner(c, name: str, **fields) -> str:
-    made = await c.post("/v1/owners", json={"name": name, **fields})
-    assert made.status_code == 201, made.text
-    return made.json()["owner_id"]
-
-
-async def money(db, owner_id: str) -> dict:
-    """The owner's counters, after checking they add up to its grant rows."""
-    row = await db.fetchrow("select granted, balance, reserved, charged from owners where id = $1", owner_id)
-    grants = await db.fetchval("select coalesce(sum(amount), 0) from ledger where owner_id = $1 and kind = 'grant'",
-                               owner_id)
-    assert row["granted"] == grants == row["balance"] + row["reserved"] + row["charged"], (dict(row), grants)
-    return dict(row)
 
 
 async def ledger_of(db, owner_id: str) -> list[tuple]:

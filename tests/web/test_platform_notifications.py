@@ -3,24 +3,17 @@ redelivers which delivery (app/domain/notifications.py)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 import standardwebhooks
 
 from app.domain import owners
 from tests.support.receiver import Receiver, RunningReceiver
+from tests.support.waiting import wait_until
 
 JOB = {"provider": "sim", "model": "image-fast", "input": {"prompt": "a cat"}, "max_credits": 10}
 ORIGIN = "http://127.0.0.1:9"  # allowed by NOTIFY_ALLOWED_ORIGINS; nothing is sent (no settler)
 
-
-async def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_one_notification_reaches_the_platform_and_the_owner_and_each_sees_its_own(web, make_owner, db):

@@ -6,22 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from app.domain import owners
+from tests.support.platform import money, new_owner
 
 JOB = {"provider": "sim", "model": "image-fast", "input": {"prompt": "a cat"}, "max_credits": 10}
-
-
-async def new_owner(c, name: str, **fields) -> str:
-    made = await c.post("/v1/owners", json={"name": name, **fields})
-    assert made.status_code == 201, made.text
-    return made.json()["owner_id"]
-
-
-async def money(db, owner_id: str) -> dict:
-    row = await db.fetchrow("select granted, balance, reserved, charged from owners where id = $1", owner_id)
-    grants = await db.fetchval("select coalesce(sum(amount), 0) from ledger where owner_id = $1 and kind = 'grant'",
-                               owner_id)
-    assert row["granted"] == grants == row["balance"] + row["reserved"] + row["charged"]
-    return dict(row)
 
 
 async def test_fifty_concurrent_grants_with_one_key_move_the_money_once(web, make_owner, db):
