@@ -87,6 +87,11 @@ _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": 
 _TOKEN = {"name": "token", "in": "query", "required": False, "description": "the job's read token (status_url)",
           "schema": _STRING}
 _NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
+# `?limit=` and `?cursor=` of every list.
+_PAGE = [{"name": "limit", "in": "query", "required": False,
+          "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": 20}},
+         {"name": "cursor", "in": "query", "required": False, "description": "a next_cursor from a page",
+          "schema": {"type": "string", "maxLength": MAX_CURSOR}}]
 
 SCHEMAS = {
     "Error": error_schema([c.value for c in ApiErrorCode]),
@@ -258,11 +263,7 @@ OWNER_PATHS = {
         "get": {
             "operationId": "listOwners",
             "summary": _PLATFORM_ONLY + "This platform's owners, newest first",
-            "parameters": [
-                {"name": "limit", "in": "query", "required": False,
-                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": 20}},
-                {"name": "cursor", "in": "query", "required": False, "description": "a next_cursor from a page",
-                 "schema": {"type": "string", "maxLength": MAX_CURSOR}}],
+            "parameters": [*_PAGE],
             "responses": {
                 "200": _json("a page of owners", {
                     "type": "object", "additionalProperties": False, "required": ["owners", "next_cursor"],
@@ -313,10 +314,7 @@ PATHS = {
             "parameters": [
                 {"name": "status", "in": "query", "required": False,
                  "schema": {"type": "string", "enum": [s.value for s in ALL_STATUSES]}},
-                {"name": "limit", "in": "query", "required": False,
-                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": 20}},
-                {"name": "cursor", "in": "query", "required": False, "description": "a next_cursor from a page",
-                 "schema": {"type": "string", "maxLength": MAX_CURSOR}}],
+                *_PAGE],
             "responses": {
                 "200": _json("a page of jobs", {
                     "type": "object", "additionalProperties": False, "required": ["jobs", "next_cursor"],
@@ -454,10 +452,7 @@ PATHS = {
         "parameters": [
             {"name": "job_id", "in": "query", "required": False,
              "schema": {"type": "string", "pattern": JOB_ID.pattern}},
-            {"name": "limit", "in": "query", "required": False,
-             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": 20}},
-            {"name": "cursor", "in": "query", "required": False, "description": "a next_cursor from a page",
-             "schema": {"type": "string", "maxLength": MAX_CURSOR}}],
+            *_PAGE],
         "responses": {"200": _json("a page of notifications", {
             "type": "object", "additionalProperties": False, "required": ["notifications", "next_cursor"],
             "properties": {"notifications": {"type": "array",
