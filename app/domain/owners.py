@@ -111,9 +111,8 @@ class NewOwner:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who a request is: the key's owner (`key_owner`) and the owner it acts
-    as (`owner_id`: the key's own, or the one its Longcall-Owner named)."""
-    key_owner: str
+    """Who a request is: whether its key is a platform's, and the owner it
+    acts as (`owner_id`: the key's own, or the one its Longcall-Owner named)."""
     is_platform: bool
     owner_id: str
 
@@ -219,10 +218,10 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, api_key: str,
     if row is None:
         return None
     if acting_for is None:
-        return Caller(row["owner_id"], row["is_platform"], row["owner_id"])
+        return Caller(row["is_platform"], row["owner_id"])
     if row["acting"] is None:
         raise NotFound("no such owner")
-    return Caller(row["owner_id"], row["is_platform"], row["acting"])
+    return Caller(row["is_platform"], row["acting"])
 
 
 async def account(conn: asyncpg.Connection | asyncpg.Pool, owner_id: str) -> dict:
