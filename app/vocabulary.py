@@ -122,6 +122,11 @@ class JobError(StrEnum):
     RESOLVED_FAILED = "resolved_failed"
 
 
+# Closed jobs an operator should look at (the console's "Needs a human";
+# the `jobs_needs_human` index predicate is this set).
+NEEDS_A_HUMAN: tuple[JobError, ...] = (JobError.SETTLE_EXHAUSTED, JobError.CALL_LOST, JobError.OUTPUT_EXPIRED)
+
+
 class ApiErrorCode(StrEnum):
     """`error.code` of an API error answer (CONTRACT.md: HTTP API)."""
 

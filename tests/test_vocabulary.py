@@ -11,6 +11,7 @@ import sys
 from app.vocabulary import (
     ALL_STATUSES,
     IN_FLIGHT,
+    NEEDS_A_HUMAN,
     REFUNDED,
     SUBMITTED,
     TERMINAL,
@@ -77,6 +78,13 @@ async def test_in_flight_index_predicate_is_the_in_flight_set(pool):
         indexdef = await conn.fetchval("select indexdef from pg_indexes where indexname = 'jobs_in_flight'")
     assert indexdef is not None
     assert _sets(indexdef) == [set(IN_FLIGHT)]
+
+
+async def test_needs_a_human_index_predicate_is_the_needs_a_human_set(pool):
+    async with pool.acquire() as conn:
+        indexdef = await conn.fetchval("select indexdef from pg_indexes where indexname = 'jobs_needs_human'")
+    assert indexdef is not None
+    assert _sets(indexdef) == [set(NEEDS_A_HUMAN)]
 
 
 def test_sets_partition_the_statuses():

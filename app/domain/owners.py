@@ -85,6 +85,15 @@ update owners set granted = granted + $2, balance = balance + $2
 where id = $1 and balance + $2 >= 0
 returning {_OWNER_COLUMNS}
 """
+# The operator's grant from the console: any owner, credits in, once per key
+# (the key is made with the confirmation page, so a double-submitted form
+# moves the money once).
+OPERATOR_GRANT_ENTRY = f"""
+insert into ledger (owner_id, kind, amount, reason, request_key, request_digest)
+select o.id, '{LedgerKind.GRANT}', $2, $3, $4, $5 from owners o where o.id = $1
+on conflict (owner_id, request_key) where request_key is not null do nothing
+returning id
+"""
 GRANT_BY_REQUEST_KEY = f"""
 select l.request_digest from ledger l
 where l.owner_id = $1 and l.request_key = $2 and l.kind = '{LedgerKind.GRANT}'
@@ -293,3 +302,26 @@ async def grant_under(conn: asyncpg.Connection, platform_id: str, owner_id: str,
     if await conn.fetchval(GRANT_BY_REQUEST_KEY, owner_id, request_key) != digest:
         raise IdempotencyConflict("this Idempotency-Key was used with a different grant")
     return owner, False
+
+
+async def operator_grant(conn: asyncpg.Connection, owner_id: str, *, credits: int, reason: str,
+                         request_key: str) -> bool:
+    """The operator's grant of `credits` (at least 1) to any owner, once per
+    key: whether this call moved the money (False: this key already did).
+    NotFound: no such owner. IdempotencyConflict: the key was used for another grant."""
+    if credits < 1:
+        raise ValueError("a grant from the console adds at least 1 credit")
+    if not ids.is_owner_id(owner_id):
+        raise NotFound("no such owner")
+    digest = request_digest({"credits": credits, "reason": reason})
+    async with conn.transaction():
+        entered = await conn.fetchval(OPERATOR_GRANT_ENTRY, owner_id, credits, reason, request_key, digest)
+        if entered is not None:
+            await conn.fetchrow(GRANT_MOVE, owner_id, credits)  # adds only: its guard always passes
+            return True
+    earlier = await conn.fetchval(GRANT_BY_REQUEST_KEY, owner_id, request_key)
+    if earlier is None:  # nothing entered and no row under this key: no such owner
+        raise NotFound("no such owner")
+    if earlier != digest:
+        raise IdempotencyConflict("this grant's key was used with a different grant")
+    return False

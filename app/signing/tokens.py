@@ -6,15 +6,21 @@ key, until they expire. Capability tokens go in every callback URL we register
 KIE, whose own signature does not cover the body, ours is the whole check.
 Only we can mint one for a given (provider, job).
 
-Both are a single url-safe base64 blob (no padding, no separators):
+The operator's console (app/web/console/) signs its session cookie and its
+forms' CSRF tokens the same way.
+
+Each is a single url-safe base64 blob (no padding, no separators):
 
     read:        0x01 | expires_at (8 bytes, big-endian) | tag (32 bytes)
     capability:  0x02 | tag (32 bytes)
+    session:     0x03 | expires_at (8 bytes) | nonce (16 bytes) | tag (32 bytes)
+    form:        0x04 | tag (32 bytes), over a purpose and a session's nonce
 
 The tag is HMAC-SHA256 under a purpose key derived from SECRET_KEY with HKDF
-(never the raw key), over a domain-separated, length-prefixed message. A read
-token can never pass as a capability token or the other way round: different
-version byte, different length, different purpose key, different prefix.
+(never the raw key), over a domain-separated, length-prefixed message. No
+kind of token can pass as another: each has its own version byte, length,
+purpose key and prefix. A session's tag also covers a digest of the
+ADMIN_TOKEN it was signed in with, so changing ADMIN_TOKEN ends every session.
 
 Rotation: the first key signs, every key is accepted.
 """
@@ -39,6 +45,11 @@ __all__ = [
     "check_read_token",
     "make_capability_token",
     "check_capability_token",
+    "make_session_token",
+    "check_session_token",
+    "make_form_token",
+    "check_form_token",
+    "SESSION_NONCE_LEN",
     "derive_key",
 ]
 
@@ -47,6 +58,11 @@ _CAP_VERSION = 0x02
 _TAG_LEN = 32
 _READ_LEN = 1 + 8 + _TAG_LEN
 _CAP_LEN = 1 + _TAG_LEN
+_SESSION_VERSION = 0x03
+_FORM_VERSION = 0x04
+SESSION_NONCE_LEN = 16
+_SESSION_LEN = 1 + 8 + SESSION_NONCE_LEN + _TAG_LEN
+_FORM_LEN = 1 + _TAG_LEN
 _MAX_TOKEN_CHARS = 128
 _MAX_EXPIRES = 2**63 - 1
 _TOKEN_RE = re.compile(r"[A-Za-z0-9_-]+")
@@ -55,6 +71,10 @@ _READ_INFO = b"longcall/v1/read-token"
 _CAP_INFO = b"longcall/v1/capability-token"
 _READ_PREFIX = b"longcall.read-token.v1\x00"
 _CAP_PREFIX = b"longcall.capability-token.v1\x00"
+_SESSION_INFO = b"longcall/v1/console-session"
+_FORM_INFO = b"longcall/v1/console-form"
+_SESSION_PREFIX = b"longcall.console-session.v1\x00"
+_FORM_PREFIX = b"longcall.console-form.v1\x00"
 
 
 @functools.lru_cache(maxsize=64)
@@ -169,6 +189,91 @@ def check_capability_token(
         ok = False
         for key in _usable_keys(keys):
             ok |= hmac.compare_digest(given, _cap_tag(key, provider, job_id))
+        return ok
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------- console sessions
+
+
+def _session_tag(key: bytes, expires_at: int, nonce: bytes, admin_token: str) -> bytes:
+    # The admin token enters as its digest: the tag commits to it without the
+    # token itself being part of anything stored or sent.
+    msg = _SESSION_PREFIX + struct.pack(">Q", expires_at) + nonce + hashlib.sha256(admin_token.encode()).digest()
+    return hmac.new(derive_key(key, _SESSION_INFO), msg, hashlib.sha256).digest()
+
+
+def make_session_token(key: bytes, admin_token: str, nonce: bytes, expires_at: int) -> str:
+    """A console session until ``expires_at`` (unix seconds), for whoever
+    signed in with ``admin_token``; ``nonce``: 16 random bytes naming it."""
+    key = _check_key(key)
+    if not isinstance(admin_token, str) or not admin_token:
+        raise ValueError("admin_token must be a non-empty string")
+    if not isinstance(nonce, bytes) or len(nonce) != SESSION_NONCE_LEN:
+        raise ValueError(f"nonce must be {SESSION_NONCE_LEN} bytes")
+    expires_at = int(expires_at)
+    if not 0 <= expires_at <= _MAX_EXPIRES:
+        raise ValueError("expires_at out of range")
+    head = bytes([_SESSION_VERSION]) + struct.pack(">Q", expires_at) + nonce
+    return _b64e(head + _session_tag(key, expires_at, nonce, admin_token))
+
+
+def check_session_token(token: str | None, keys: Sequence[bytes], admin_token: str | None,
+                        now: float) -> bytes | None:
+    """The session's nonce, for an unexpired session signed by one of
+    ``keys`` under this ``admin_token``; else None."""
+    try:
+        raw = _b64d(token, _SESSION_LEN)
+        if raw is None or raw[0] != _SESSION_VERSION:
+            return None
+        if not isinstance(admin_token, str) or not admin_token:
+            return None
+        if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+            return None
+        (expires_at,) = struct.unpack(">Q", raw[1:9])
+        if expires_at > _MAX_EXPIRES or now >= expires_at:
+            return None
+        nonce, given = raw[9:9 + SESSION_NONCE_LEN], raw[9 + SESSION_NONCE_LEN:]
+        ok = False
+        for key in _usable_keys(keys):
+            ok |= hmac.compare_digest(given, _session_tag(key, expires_at, nonce, admin_token))
+        return nonce if ok else None
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------- console forms (CSRF)
+
+
+def _form_tag(key: bytes, purpose: str, nonce: bytes) -> bytes:
+    msg = _FORM_PREFIX + _lp(purpose) + nonce
+    return hmac.new(derive_key(key, _FORM_INFO), msg, hashlib.sha256).digest()
+
+
+def make_form_token(key: bytes, purpose: str, nonce: bytes) -> str:
+    """The token a console form carries: only a page served to the holder of
+    the cookie whose nonce this is can have it (synchronizer token)."""
+    key = _check_key(key)
+    if not isinstance(purpose, str) or not purpose:
+        raise ValueError("purpose must be a non-empty string")
+    if not isinstance(nonce, bytes) or len(nonce) != SESSION_NONCE_LEN:
+        raise ValueError(f"nonce must be {SESSION_NONCE_LEN} bytes")
+    return _b64e(bytes([_FORM_VERSION]) + _form_tag(key, purpose, nonce))
+
+
+def check_form_token(token: str | None, keys: Sequence[bytes], purpose: str, nonce: bytes | None) -> bool:
+    try:
+        raw = _b64d(token, _FORM_LEN)
+        if raw is None or raw[0] != _FORM_VERSION:
+            return False
+        if not isinstance(purpose, str) or not purpose:
+            return False
+        if not isinstance(nonce, bytes) or len(nonce) != SESSION_NONCE_LEN:
+            return False
+        ok = False
+        for key in _usable_keys(keys):
+            ok |= hmac.compare_digest(raw[1:], _form_tag(key, purpose, nonce))
         return ok
     except Exception:
         return False

@@ -25,7 +25,7 @@ from app.providers import build_providers, close_providers
 from app.signing.secretbox import SecretBox
 from app.storage import open_storage
 from app.vocabulary import ApiErrorCode
-from app.web import admin, health, jobs, models, notifications, openapi, owners, webhooks
+from app.web import admin, console, health, jobs, models, notifications, openapi, owners, webhooks
 from app.web.access_log import AccessLog
 from app.web.auth import require_owner
 from app.web.errors import ApiError, error_response
@@ -115,6 +115,7 @@ ROUTES = [
     Route("/readyz", health.readyz, methods=["GET"]),
     Route("/metrics", health.metrics, methods=["GET"]),
     Route("/openapi.json", openapi.openapi, methods=["GET"]),
+    *console.ROUTES,
 ]
 
 

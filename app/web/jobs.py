@@ -266,14 +266,23 @@ async def cancel_job(request: Request) -> Response:
 async def read_output(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     row, via_token = await _readable_job(request, job_id)
-    index = parse_output_index(request.path_params["index"])
-    asset = next((a for a in row["outputs"] if a["index"] == index), None) if index is not None else None
+    return await serve_output(request, job_id, row["outputs"], request.path_params["index"],
+                              CORS if via_token else {})
+
+
+async def serve_output(request: Request, job_id: str, assets: list, index_text: str,
+                       extra_headers: dict[str, str]) -> Response:
+    """One stored output of a job, as every reader gets it (the owner, a read
+    token, the console): its bytes or a presigned redirect, never inline
+    unless passive media. `assets`: the job's stored outputs."""
+    index = parse_output_index(index_text)
+    asset = next((a for a in assets if a["index"] == index), None) if index is not None else None
     if asset is None:
         raise not_found("output")
     storage = request.app.state.storage
     content_type = outputs.served_type(asset["content_type"])
     disposition = outputs.disposition(asset["content_type"], f"{job_id}-{index}")
-    headers = {**(CORS if via_token else {}), **OUTPUT_HEADERS}
+    headers = {**extra_headers, **OUTPUT_HEADERS}
     url = await storage.presigned_url(asset["storage_key"], 60, content_type=content_type,
                                       content_disposition=disposition)
     if url is not None:

@@ -476,6 +476,14 @@ PATHS = {
                                                "content": {"text/plain": {"schema": _STRING}}}}}},
     "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document", "security": [],
                               "responses": {"200": _json("OpenAPI 3.1", {"type": "object"})}}},
+    # The console is pages for a browser (app/web/console/), signed in with
+    # ADMIN_TOKEN through a form: its entry is here, its pages are not API.
+    "/console": {"get": {"operationId": "console", "summary": "The operator's console (HTML, for a browser)",
+                         "security": [],
+                         "responses": {"200": {"description": "the fleet page (signed in)",
+                                               "content": {"text/html": {"schema": _STRING}}},
+                                       "303": {"description": "not signed in: to /console/sign-in"},
+                                       **_errors(E.NOT_FOUND)}}},
 }
 
 

@@ -1,4 +1,5 @@
-"""Table tests for signed read tokens and capability tokens."""
+"""Table tests for signed read tokens, capability tokens, and the console's
+session and form (CSRF) tokens."""
 from __future__ import annotations
 
 import base64
@@ -10,9 +11,13 @@ import pytest
 
 from app.signing.tokens import (
     check_capability_token,
+    check_form_token,
     check_read_token,
+    check_session_token,
     make_capability_token,
+    make_form_token,
     make_read_token,
+    make_session_token,
 )
 
 KEY = b"new-secret-key-0123456789"
@@ -199,3 +204,91 @@ def test_read_and_capability_tags_differ_for_the_same_inputs() -> None:
 def test_make_capability_token_refuses_bad_input(provider, job_id, key) -> None:
     with pytest.raises(ValueError):
         make_capability_token(provider, job_id, key)
+
+
+# ------------------------------------------------------------ console sessions
+
+ADMIN = "admin-token-0123456789"
+NONCE = bytes(range(16))
+NONCE_B = bytes(range(1, 17))
+SESSION = make_session_token(KEY, ADMIN, NONCE, EXP)
+SESSION_OLD = make_session_token(OLD, ADMIN, NONCE, EXP)
+FORM = make_form_token(KEY, "action", NONCE)
+
+
+@pytest.mark.parametrize(
+    "token,keys,admin,now,expected",
+    [
+        pytest.param(SESSION, [KEY], ADMIN, NOW, NONCE, id="valid"),
+        pytest.param(SESSION_OLD, [KEY, OLD], ADMIN, NOW, NONCE, id="rotated-old-key-accepted"),
+        pytest.param(SESSION_OLD, [KEY], ADMIN, NOW, None, id="old-key-dropped"),
+        pytest.param(SESSION, [OTHER], ADMIN, NOW, None, id="other-key"),
+        pytest.param(SESSION, [KEY], ADMIN + "x", NOW, None, id="admin-token-changed"),
+        pytest.param(SESSION, [KEY], None, NOW, None, id="admin-token-unset"),
+        pytest.param(SESSION, [KEY], "", NOW, None, id="admin-token-empty"),
+        pytest.param(SESSION, [KEY], ADMIN, EXP - 1, NONCE, id="last-second"),
+        pytest.param(SESSION, [KEY], ADMIN, EXP, None, id="expired"),
+        pytest.param(_with_expiry(SESSION, EXP + 3600), [KEY], ADMIN, EXP, None, id="expiry-extended"),
+        pytest.param(_flip(SESSION, 10), [KEY], ADMIN, NOW, None, id="nonce-flipped"),
+        pytest.param(_flip(SESSION, 40), [KEY], ADMIN, NOW, None, id="tag-flipped"),
+        pytest.param(_flip(SESSION, 0), [KEY], ADMIN, NOW, None, id="version-flipped"),
+        pytest.param(SESSION[:-1], [KEY], ADMIN, NOW, None, id="truncated"),
+        pytest.param(SESSION + "A", [KEY], ADMIN, NOW, None, id="extended"),
+        pytest.param(READ, [KEY], ADMIN, NOW, None, id="read-token-is-not-a-session"),
+        pytest.param(FORM, [KEY], ADMIN, NOW, None, id="form-token-is-not-a-session"),
+        pytest.param(None, [KEY], ADMIN, NOW, None, id="none"),
+        pytest.param("", [KEY], ADMIN, NOW, None, id="empty"),
+        pytest.param("A" * 10_000, [KEY], ADMIN, NOW, None, id="huge"),
+        pytest.param(SESSION, [KEY], ADMIN, float("nan"), None, id="now-nan"),
+        pytest.param(SESSION, [], ADMIN, NOW, None, id="no-keys"),
+    ],
+)
+def test_session_token_table(token, keys, admin, now, expected) -> None:
+    assert check_session_token(token, keys, admin, now) == expected
+
+
+def test_session_tag_commits_to_the_admin_token_without_carrying_it() -> None:
+    raw = _raw(SESSION)
+    assert ADMIN.encode() not in raw and hashlib.sha256(ADMIN.encode()).digest() not in raw
+    assert make_session_token(KEY, ADMIN, NONCE, EXP) == SESSION  # deterministic for the same inputs
+    assert make_session_token(KEY, ADMIN, NONCE_B, EXP) != SESSION
+
+
+@pytest.mark.parametrize(
+    "key,admin,nonce,expires_at",
+    [
+        pytest.param(b"", ADMIN, NONCE, EXP, id="empty-key"),
+        pytest.param(KEY, "", NONCE, EXP, id="empty-admin-token"),
+        pytest.param(KEY, ADMIN, NONCE[:15], EXP, id="short-nonce"),
+        pytest.param(KEY, ADMIN, "x" * 16, EXP, id="str-nonce"),
+        pytest.param(KEY, ADMIN, NONCE, -1, id="negative-expiry"),
+    ],
+)
+def test_make_session_token_refuses_bad_input(key, admin, nonce, expires_at) -> None:
+    with pytest.raises(ValueError) as err:
+        make_session_token(key, admin, nonce, expires_at)
+    assert ADMIN not in str(err.value)
+
+
+# ------------------------------------------------------------ console forms (CSRF)
+
+
+@pytest.mark.parametrize(
+    "token,keys,purpose,nonce,expected",
+    [
+        pytest.param(FORM, [KEY], "action", NONCE, True, id="valid"),
+        pytest.param(make_form_token(OLD, "action", NONCE), [KEY, OLD], "action", NONCE, True, id="rotated"),
+        pytest.param(FORM, [KEY], "action", NONCE_B, False, id="another-session"),
+        pytest.param(FORM, [KEY], "sign-in", NONCE, False, id="another-purpose"),
+        pytest.param(FORM, [OTHER], "action", NONCE, False, id="other-key"),
+        pytest.param(FORM, [KEY], "action", None, False, id="no-session"),
+        pytest.param(FORM, [KEY], "action", b"short", False, id="bad-nonce"),
+        pytest.param(_flip(FORM, 5), [KEY], "action", NONCE, False, id="tag-flipped"),
+        pytest.param(SESSION, [KEY], "action", NONCE, False, id="session-token-is-not-a-form-token"),
+        pytest.param(CAP, [KEY], "action", NONCE, False, id="capability-token-is-not-a-form-token"),
+        pytest.param("", [KEY], "action", NONCE, False, id="empty"),
+        pytest.param(None, [KEY], "action", NONCE, False, id="missing"),
+    ],
+)
+def test_form_token_table(token, keys, purpose, nonce, expected: bool) -> None:
+    assert check_form_token(token, keys, purpose, nonce) is expected

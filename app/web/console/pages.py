@@ -1,0 +1,240 @@
+"""The console's pages (GET): the fleet, what needs a human, a job, owners,
+search, and the confirmation pages in front of every action. Nothing here
+changes state; app/web/console/actions.py does, behind a CSRF token."""
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from app import ids, status
+from app.domain import events, jobs, operator
+from app.vocabulary import IN_FLIGHT, NEEDS_A_HUMAN, TERMINAL, ApiErrorCode, JobStatus
+from app.web.console import forms
+from app.web.console.render import HEADERS, page, static_file, wants_fragment
+from app.web.console.session import Session, session_of, set_sign_in_cookie, sign_in_form_token
+from app.web.errors import ApiError
+from app.web.jobs import decode_cursor, encode_cursor, serve_output
+
+OWNERS_PER_PAGE = 50
+# What an action's redirect may say on the page it lands on (`?done=`): a
+# fixed set, so nothing from the URL is ever shown as it is.
+DONE = {
+    "resolved": "Resolved with the task id: the job is running again and will settle as usual.",
+    "resolved_failed": "Resolved as failed: the job is closed and its credits refunded.",
+    "redelivered": "Queued again: the deliveries below will be attempted anew.",
+    "redelivered_none": "Nothing was queued: every delivery is still pending or its endpoint is gone.",
+    "granted": "Granted: the credits are in the owner's balance.",
+    "grant_replayed": "This grant was already made; nothing moved again.",
+}
+
+Handler = Callable[[Request, Session], Awaitable[Response]]
+
+
+def require_console(request: Request) -> None:
+    """No ADMIN_TOKEN: the console does not exist (the same 404 as any unknown route)."""
+    if not request.app.state.settings.admin_token:
+        raise ApiError(ApiErrorCode.NOT_FOUND, "no such route")
+
+
+def to_sign_in(request: Request) -> Response:
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/console/sign-in?next={quote(forms.safe_next(here), safe='/')}",
+                            status_code=303, headers=HEADERS)
+
+
+def operator_page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        require_console(request)
+        session = session_of(request)
+        if session is None:
+            if wants_fragment(request):  # console.js reloads, and lands on the sign-in page
+                return Response(status_code=401, headers=HEADERS)
+            return to_sign_in(request)
+        return await handler(request, session)
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
+def not_found_page(request: Request, session: Session | None, what: str) -> Response:
+    return page(request, "message.html", {"title": "Not found", "message": f"There is no such {what}."},
+                session=session, status_code=404)
+
+
+def done_message(request: Request) -> str | None:
+    return DONE.get(request.query_params.get("done", ""))
+
+
+@operator_page
+async def fleet(request: Request, session: Session) -> Response:
+    async with request.app.state.pool.acquire() as conn:
+        screen = await status.collect(conn, request.app.state.caps)
+        context = {
+            "s": screen,
+            "statuses": [(str(s), screen["jobs"].get(s, 0)) for s in (*IN_FLIGHT, *TERMINAL)],
+            "in_flight": await operator.in_flight_jobs(conn),
+            "failed_deliveries": await operator.failed_deliveries(conn),
+            "needs_a_human": await operator.count_with_error(conn),
+            "uncertain_count": screen["jobs"].get(JobStatus.UNCERTAIN, 0),
+            "now": screen["now"],
+        }
+    template = "_fleet_live.html" if wants_fragment(request) else "fleet.html"
+    return page(request, template, context, session=session)
+
+
+@operator_page
+async def needs_a_human(request: Request, session: Session) -> Response:
+    async with request.app.state.pool.acquire() as conn:
+        closed = [(code, await operator.closed_with_error(conn, code)) for code in NEEDS_A_HUMAN]
+        context = {
+            "uncertain_jobs": await operator.uncertain_jobs(conn),
+            "closed": closed,
+            "counts": await operator.count_with_error(conn),
+            "now": await conn.fetchval("select now()"),
+        }
+    return page(request, "needs_a_human.html", context, session=session)
+
+
+@operator_page
+async def job(request: Request, session: Session) -> Response:
+    job_id = request.path_params["job_id"]
+    if not ids.is_job_id(job_id):
+        return not_found_page(request, session, "job")
+    async with request.app.state.pool.acquire() as conn:
+        found = await operator.job(conn, job_id)
+        if found is None:
+            return not_found_page(request, session, "job")
+        timeline = await events.timeline(conn, job_id)
+        now = await conn.fetchval("select now()")
+    return page(request, "job.html", {**found, "timeline": timeline, "now": now,
+                                      "done": done_message(request),
+                                      "is_uncertain": found["job"]["status"] == JobStatus.UNCERTAIN},
+                session=session)
+
+
+@operator_page
+async def job_output(request: Request, session: Session) -> Response:
+    job_id = request.path_params["job_id"]
+    row = await jobs.get_job(request.app.state.pool, job_id) if ids.is_job_id(job_id) else None
+    if row is None:
+        return not_found_page(request, session, "job")
+    return await serve_output(request, job_id, row["outputs"], request.path_params["index"], {})
+
+
+@operator_page
+async def confirm_resolve(request: Request, session: Session) -> Response:
+    job_id = request.path_params["job_id"]
+    if not ids.is_job_id(job_id):
+        return not_found_page(request, session, "job")
+    try:
+        resolution = forms.parse_resolution(dict(request.query_params))
+    except forms.FormError as e:
+        return page(request, "message.html", {"title": "Cannot resolve", "message": str(e),
+                                              "back": f"/console/jobs/{job_id}"}, session=session,
+                    status_code=400)
+    async with request.app.state.pool.acquire() as conn:
+        found = await operator.job(conn, job_id)
+    if found is None:
+        return not_found_page(request, session, "job")
+    return page(request, "confirm_resolve.html", {"job": found["job"], "resolution": resolution},
+                session=session)
+
+
+@operator_page
+async def owners(request: Request, session: Session) -> Response:
+    cursor = request.query_params.get("cursor")
+    try:
+        after = decode_cursor(cursor, ids.is_owner_id) if cursor else None
+    except ApiError:
+        after = None
+    async with request.app.state.pool.acquire() as conn:
+        rows = await operator.owners(conn, limit=OWNERS_PER_PAGE + 1, after=after)
+    shown = rows[:OWNERS_PER_PAGE]
+    more = encode_cursor(shown[-1]) if len(rows) > OWNERS_PER_PAGE else None
+    return page(request, "owners.html", {"owners": shown, "next_cursor": more}, session=session)
+
+
+@operator_page
+async def owner(request: Request, session: Session) -> Response:
+    owner_id = request.path_params["owner_id"]
+    if not ids.is_owner_id(owner_id):
+        return not_found_page(request, session, "owner")
+    async with request.app.state.pool.acquire() as conn:
+        found = await operator.owner(conn, owner_id)
+    if found is None:
+        return not_found_page(request, session, "owner")
+    return page(request, "owner.html", {**found, "done": done_message(request)}, session=session)
+
+
+@operator_page
+async def confirm_grant(request: Request, session: Session) -> Response:
+    owner_id = request.path_params["owner_id"]
+    if not ids.is_owner_id(owner_id):
+        return not_found_page(request, session, "owner")
+    try:
+        grant = forms.parse_grant(dict(request.query_params))
+    except forms.FormError as e:
+        return page(request, "message.html", {"title": "Cannot grant", "message": str(e),
+                                              "back": f"/console/owners/{owner_id}"}, session=session,
+                    status_code=400)
+    async with request.app.state.pool.acquire() as conn:
+        found = await operator.owner(conn, owner_id, jobs=0, grants=0)
+    if found is None:
+        return not_found_page(request, session, "owner")
+    # The grant's one-time key: submitting this page twice moves the money once.
+    key = "console-" + secrets.token_hex(16)
+    return page(request, "confirm_grant.html", {"owner": found["owner"], "wanted": grant, "grant_key": key},
+                session=session)
+
+
+@operator_page
+async def search(request: Request, session: Session) -> Response:
+    raw = request.query_params.get("q")
+    try:
+        wanted = forms.parse_search(raw)
+    except forms.FormError as e:
+        return page(request, "search.html", {"q": raw, "error": str(e), "results": [], "kind": None}, session=session,
+                    status_code=400)
+    if wanted is None:
+        return page(request, "search.html", {"q": "", "error": None, "results": [], "kind": None}, session=session)
+    async with request.app.state.pool.acquire() as conn:
+        if wanted.kind == "job" and await jobs.get_job(conn, wanted.value) is not None:
+            return RedirectResponse(f"/console/jobs/{wanted.value}", status_code=303, headers=HEADERS)
+        if wanted.kind == "owner" and await operator.owner(conn, wanted.value, jobs=0, grants=0):
+            return RedirectResponse(f"/console/owners/{wanted.value}", status_code=303, headers=HEADERS)
+        if wanted.kind == "notification":
+            found = await operator.notification_owner(conn, wanted.value)
+            if found is not None:
+                return RedirectResponse(f"/console/jobs/{found['job_id']}", status_code=303, headers=HEADERS)
+        results = await operator.jobs_by_task(conn, wanted.value) if wanted.kind == "task" else []
+    return page(request, "search.html", {"q": wanted.value, "error": None, "results": results,
+                                         "kind": wanted.kind}, session=session)
+
+
+def sign_in_form(request: Request, target: str, *, error: str | None = None, status_code: int = 200) -> Response:
+    token, new_cookie = sign_in_form_token(request)
+    response = page(request, "sign_in.html", {"next": target, "form_token": token, "error": error},
+                    session=None, status_code=status_code)
+    if new_cookie is not None:
+        set_sign_in_cookie(request, response, new_cookie)
+    return response
+
+
+async def sign_in_page(request: Request) -> Response:
+    require_console(request)
+    target = forms.safe_next(request.query_params.get("next"))
+    if session_of(request) is not None:
+        return RedirectResponse(target, status_code=303, headers=HEADERS)
+    return sign_in_form(request, target)
+
+
+async def static(request: Request) -> Response:
+    require_console(request)
+    found = static_file(request.path_params["name"], request.query_params.get("v"))
+    if found is None:
+        raise ApiError(ApiErrorCode.NOT_FOUND, "no such route")
+    return found
+
