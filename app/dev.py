@@ -82,6 +82,13 @@ def _prepare_environment():
             key_file.write_text(secrets.token_urlsafe(32))
             key_file.chmod(0o600)
         os.environ["SECRET_KEY"] = key_file.read_text().strip()
+    if not os.environ.get("ADMIN_TOKEN"):
+        # The console (/console) and the admin routes, for this machine's operator.
+        token_file = STATE_DIR / "admin_token"
+        if not token_file.exists():
+            token_file.write_text(secrets.token_urlsafe(24))
+            token_file.chmod(0o600)
+        os.environ["ADMIN_TOKEN"] = token_file.read_text().strip()
     if not os.environ.get("DATABASE_URL"):
         from app.embedded import EmbeddedPostgres
 
@@ -106,6 +113,12 @@ def _prepare_environment():
             if provider == ProviderName.FAL:
                 os.environ["FAL_JWKS_URL"] = f"{sim_url}/fal/.well-known/jwks.json"
     return pg
+
+
+def _admin_token_hint() -> str:
+    token_file = STATE_DIR / "admin_token"
+    made_here = token_file.exists() and token_file.read_text().strip() == os.environ.get("ADMIN_TOKEN")
+    return "the admin token in .longcall/admin_token" if made_here else "your ADMIN_TOKEN"
 
 
 def _start_simulator(sim_url: str) -> subprocess.Popen | None:
@@ -215,6 +228,7 @@ async def _serve(settings, port: int) -> None:
         _say(f"""
 longcall is running at {base_url}   ({webhooks})
 demo owner {owner_id}, API key: {api_key}
+the operator's console: {base_url}/console   (sign in with {_admin_token_hint()})
 
   curl -s -X POST {base_url}/v1/jobs -H 'Authorization: Bearer {api_key}' \\
        -H 'Content-Type: application/json' \\

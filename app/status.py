@@ -33,14 +33,17 @@ QUERIES = {
 }
 
 
-async def collect(conn, caps: Mapping[str, int | None] | None = None) -> dict:
-    """`caps`: every capped provider and its MAX_IN_FLIGHT_<PROVIDER> (app/capacity.py)."""
+async def collect(conn, caps: Mapping[str, int | None] | None = None, *, count_all_jobs: bool = True) -> dict:
+    """`caps`: every capped provider and its MAX_IN_FLIGHT_<PROVIDER> (app/capacity.py).
+    `count_all_jobs=False` leaves out the lifetime count by status, which reads
+    the whole jobs table (the console refreshes every few seconds: it counts
+    from indexes instead, app/domain/operator.py)."""
     return {
         "caps": dict(caps or {}),
         "submitted": await jobs.submitted_by_provider(conn),
         "pauses": await pauses.active(conn),
         "now": await conn.fetchval("select now()"),
-        "jobs": {r["status"]: r["n"] for r in await conn.fetch(QUERIES["jobs"])},
+        "jobs": {r["status"]: r["n"] for r in await conn.fetch(QUERIES["jobs"])} if count_all_jobs else {},
         "intents": [dict(r) for r in await conn.fetch(QUERIES["intents"])],
         "uncertain_jobs": [dict(r) for r in await conn.fetch(QUERIES["uncertain_jobs"])],
         "exhausted": await conn.fetchval(QUERIES["exhausted"]),

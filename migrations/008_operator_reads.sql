@@ -16,3 +16,7 @@ create index owners_created on owners (created_at desc, id desc);
 -- An owner's grants, newest first (a busy owner has millions of job rows in
 -- the ledger beside a handful of grants).
 create index ledger_grants on ledger (owner_id, id desc) where kind = 'grant';
+
+-- What finished lately, newest first: the fleet's counts of the last hour and
+-- its list of the latest closes (one entry per job, made when it closes).
+create index jobs_finished on jobs (finished_at desc, id desc) where finished_at is not null;

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_dev_runs_the_demo_and_serves_until_ctrl_c(tmp_path):
     port, sim_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY", "PUBLIC_URL")}
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "SECRET_KEY", "PUBLIC_URL", "ADMIN_TOKEN")}
     env.update(PORT=str(port), SIM_URL=f"http://127.0.0.1:{sim_port}", PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "app", "dev"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -50,6 +50,16 @@ def test_dev_runs_the_demo_and_serves_until_ctrl_c(tmp_path):
                 break
             time.sleep(0.1)
         assert got["status"] == "succeeded"
+        # The console, signed in with the admin token dev made (and said where it is).
+        assert f"{base}/console   (sign in with the admin token in .longcall/admin_token)" in text, text
+        admin_token = (tmp_path / ".longcall" / "admin_token").read_text().strip()
+        assert oct((tmp_path / ".longcall" / "admin_token").stat().st_mode & 0o777) == "0o600"
+        with httpx.Client(base_url=base) as browser:
+            form = browser.get("/console/sign-in").text
+            csrf = form.split('name="csrf" value="')[1].split('"')[0]
+            signed_in = browser.post("/console/sign-in", data={"csrf": csrf, "token": admin_token, "next": "/console"})
+            assert signed_in.status_code == 303, signed_in.text
+            assert "<h1>Fleet</h1>" in browser.get("/console").text
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0, "".join(out)

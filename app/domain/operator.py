@@ -16,6 +16,20 @@ import asyncpg
 
 from app.vocabulary import IN_FLIGHT, NEEDS_A_HUMAN, DeliveryStatus, JobError, JobStatus, LedgerKind, sql_list
 
+# Jobs by status without reading the whole table: in flight now (the
+# `jobs_in_flight` index), and finished within the last $1 seconds
+# (`jobs_finished`). The lifetime totals are `longcall status`'s, once.
+IN_FLIGHT_COUNTS = f"""
+select status, count(*) as n from jobs where status in {sql_list(IN_FLIGHT)} group by status
+"""
+FINISHED_COUNTS = """
+select status, count(*) as n from jobs
+where finished_at is not null and finished_at > now() - make_interval(secs => $1) group by status
+"""
+RECENTLY_FINISHED = """
+select id, owner_id, provider, model, status, finished_at, credits_charged, error_code
+from jobs where finished_at is not null order by finished_at desc, id desc limit $1
+"""
 # The in-flight jobs that changed last (the `jobs_in_flight` index).
 IN_FLIGHT_JOBS = f"""
 select id, owner_id, provider, model, status, created_at, updated_at, last_error
@@ -106,6 +120,18 @@ OWNER_GRANTS = f"""
 select amount, reason, created_at from ledger where owner_id = $1 and kind = '{LedgerKind.GRANT}'
 order by id desc limit $2
 """
+
+
+async def in_flight_counts(conn: asyncpg.Connection) -> dict[str, int]:
+    return {r["status"]: r["n"] for r in await conn.fetch(IN_FLIGHT_COUNTS)}
+
+
+async def finished_counts(conn: asyncpg.Connection, within_s: float) -> dict[str, int]:
+    return {r["status"]: r["n"] for r in await conn.fetch(FINISHED_COUNTS, within_s)}
+
+
+async def recently_finished(conn: asyncpg.Connection, limit: int = 10) -> list[asyncpg.Record]:
+    return await conn.fetch(RECENTLY_FINISHED, limit)
 
 
 async def in_flight_jobs(conn: asyncpg.Connection, limit: int = 20) -> list[asyncpg.Record]:

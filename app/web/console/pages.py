@@ -20,6 +20,7 @@ from app.web.errors import ApiError
 from app.web.jobs import decode_cursor, encode_cursor, serve_output
 
 OWNERS_PER_PAGE = 50
+FINISHED_WINDOW_S = 3600  # the fleet counts what finished within the last hour
 # What an action's redirect may say on the page it lands on (`?done=`): a
 # fixed set, so nothing from the URL is ever shown as it is.
 DONE = {
@@ -71,14 +72,18 @@ def done_message(request: Request) -> str | None:
 @operator_page
 async def fleet(request: Request, session: Session) -> Response:
     async with request.app.state.pool.acquire() as conn:
-        screen = await status.collect(conn, request.app.state.caps)
+        screen = await status.collect(conn, request.app.state.caps, count_all_jobs=False)
+        in_flight = await operator.in_flight_counts(conn)
+        finished = await operator.finished_counts(conn, FINISHED_WINDOW_S)
         context = {
             "s": screen,
-            "statuses": [(str(s), screen["jobs"].get(s, 0)) for s in (*IN_FLIGHT, *TERMINAL)],
+            "in_flight_counts": [(str(s), in_flight.get(s, 0)) for s in IN_FLIGHT],
+            "finished_counts": [(str(s), finished.get(s, 0)) for s in TERMINAL],
             "in_flight": await operator.in_flight_jobs(conn),
+            "recently_finished": await operator.recently_finished(conn),
             "failed_deliveries": await operator.failed_deliveries(conn),
             "needs_a_human": await operator.count_with_error(conn),
-            "uncertain_count": screen["jobs"].get(JobStatus.UNCERTAIN, 0),
+            "uncertain_count": in_flight.get(JobStatus.UNCERTAIN, 0),
             "now": screen["now"],
         }
     template = "_fleet_live.html" if wants_fragment(request) else "fleet.html"
