@@ -437,6 +437,7 @@ with to_running as (
 ), line as (
     insert into job_events (job_id, type, detail)
     select id, '{EventType.TASK_SAVED}', jsonb_build_object('task_id', $2::text, 'job_was_closed', false)
+           || case when $8::text is null then '{{}}'::jsonb else jsonb_build_object('by', $8::text) end
     from to_running
     union all
     select id, '{EventType.TASK_SAVED}', jsonb_build_object('task_id', $2::text, 'job_was_closed', true)
@@ -524,9 +525,11 @@ async def submitted_by_provider(conn) -> dict[str, int]:
 
 async def save_task(conn, job_id: str, *, task_id: str, operation: Any, webhook_secret: bytes | None,
                     callback_registered: bool, first_check_after_s: float,
-                    from_statuses: Sequence[str] = (JobStatus.SUBMITTING,)) -> Saved:
+                    from_statuses: Sequence[str] = (JobStatus.SUBMITTING,), by: str | None = None) -> Saved:
+    """`by`: who gave the task id when it was not the provider's answer (an
+    operator's resolve), said in the timeline's `task_saved` line."""
     row = await conn.fetchrow(SAVE_TASK, job_id, task_id, operation, webhook_secret,
-                              callback_registered, float(first_check_after_s), list(from_statuses))
+                              callback_registered, float(first_check_after_s), list(from_statuses), by)
     if row["now_running"]:
         return Saved.RUNNING
     if row["on_closed_job"]:

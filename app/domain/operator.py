@@ -108,7 +108,7 @@ order by o.created_at desc, o.id desc limit $3
 """
 OWNER = f"""
 select {_OWNER_COLUMNS},
-       (select count(*) from api_keys k where k.owner_id = o.id and k.revoked_at is null) as keys,
+       (select count(*) from api_keys k where k.owner_id = o.id and k.revoked_at is null) as active_keys,
        (select count(*) from owners u where u.platform_id = o.id) as owners_under
 from owners o where o.id = $1
 """

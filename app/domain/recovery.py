@@ -26,7 +26,7 @@ async def resolve_with_task(conn, job_id: str, task_id: str, first_check_after_s
             raise InvalidState(status)
         result = await jobs.save_task(conn, job_id, task_id=task_id, operation=None, webhook_secret=None,
                                       callback_registered=False, first_check_after_s=first_check_after_s,
-                                      from_statuses=(JobStatus.UNCERTAIN,))
+                                      from_statuses=(JobStatus.UNCERTAIN,), by="operator")
     if result is not jobs.Saved.RUNNING:
         raise InvalidState(await _status(conn, job_id))
 

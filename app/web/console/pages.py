@@ -24,7 +24,7 @@ FINISHED_WINDOW_S = 3600  # the fleet counts what finished within the last hour
 # What an action's redirect may say on the page it lands on (`?done=`): a
 # fixed set, so nothing from the URL is ever shown as it is.
 DONE = {
-    "resolved": "Resolved with the task id: the job is running again and will settle as usual.",
+    "resolved": "Resolved with the task id: longcall asks the provider about that task and settles the job as usual.",
     "resolved_failed": "Resolved as failed: the job is closed and its credits refunded.",
     "redelivered": "Queued again: the deliveries below will be attempted anew.",
     "redelivered_none": "Nothing was queued: every delivery is still pending or its endpoint is gone.",

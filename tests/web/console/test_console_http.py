@@ -301,6 +301,9 @@ async def test_resolve_with_a_task_id_after_its_confirmation(web, make_owner, db
         row = await job_row(db, job["id"])
         assert (row["status"], row["provider_task_id"]) == ("running", "task-from-the-dashboard")
         assert "Resolved with the task id" in await console.page(answer.headers["location"])
+        saved = await db.fetchval("select detail from job_events where job_id = $1 and type = 'task_saved'",
+                                  job["id"])
+        assert saved == {"task_id": "task-from-the-dashboard", "job_was_closed": False, "by": "operator"}
         again = await console.submit(confirm_path, f"/console/jobs/{job['id']}/resolve")
         assert again.status_code == 409 and "this one is running" in again.text
     assert (await job_row(db, job["id"]))["provider_task_id"] == "task-from-the-dashboard"
