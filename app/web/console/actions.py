@@ -20,8 +20,8 @@ from app import ids
 from app.domain import notifications, operator, owners, recovery
 from app.web.body import read_capped
 from app.web.console import forms
-from app.web.console.pages import require_console, sign_in_form, to_sign_in
-from app.web.console.render import HEADERS, page
+from app.web.console.pages import message_page, require_console, sign_in_form, to_sign_in
+from app.web.console.render import HEADERS
 from app.web.console.session import (
     CSRF_FIELD,
     Session,
@@ -37,8 +37,7 @@ Action = Callable[[Request, Session, dict[str, str]], Awaitable[Response]]
 
 
 def refused(request: Request, session: Session | None, message: str, status_code: int) -> Response:
-    return page(request, "message.html", {"title": "Refused — nothing was changed", "message": message},
-                session=session, status_code=status_code)
+    return message_page(request, session, "Refused — nothing was changed", message, status_code)
 
 
 async def read_form(request: Request) -> dict[str, str]:

@@ -60,9 +60,14 @@ def operator_page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     return endpoint
 
 
+def message_page(request: Request, session: Session | None, title: str, message: str, status_code: int,
+                 back: str = "/console") -> Response:
+    return page(request, "message.html", {"title": title, "message": message, "back": back}, session=session,
+                status_code=status_code)
+
+
 def not_found_page(request: Request, session: Session | None, what: str) -> Response:
-    return page(request, "message.html", {"title": "Not found", "message": f"There is no such {what}."},
-                session=session, status_code=404)
+    return message_page(request, session, "Not found", f"There is no such {what}.", 404)
 
 
 def done_message(request: Request) -> str | None:
@@ -137,9 +142,7 @@ async def confirm_resolve(request: Request, session: Session) -> Response:
     try:
         resolution = forms.parse_resolution(dict(request.query_params))
     except forms.FormError as e:
-        return page(request, "message.html", {"title": "Cannot resolve", "message": str(e),
-                                              "back": f"/console/jobs/{job_id}"}, session=session,
-                    status_code=400)
+        return message_page(request, session, "Cannot resolve", str(e), 400, back=f"/console/jobs/{job_id}")
     async with request.app.state.pool.acquire() as conn:
         found = await operator.job(conn, job_id)
     if found is None:
@@ -182,9 +185,7 @@ async def confirm_grant(request: Request, session: Session) -> Response:
     try:
         grant = forms.parse_grant(dict(request.query_params))
     except forms.FormError as e:
-        return page(request, "message.html", {"title": "Cannot grant", "message": str(e),
-                                              "back": f"/console/owners/{owner_id}"}, session=session,
-                    status_code=400)
+        return message_page(request, session, "Cannot grant", str(e), 400, back=f"/console/owners/{owner_id}")
     async with request.app.state.pool.acquire() as conn:
         found = await operator.owner(conn, owner_id, jobs=0, grants=0)
     if found is None:

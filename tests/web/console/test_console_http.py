@@ -50,6 +50,16 @@ def page_paths(job_id: str, owner_id: str) -> list[str]:
             f"/console/owners/{owner_id}/grant?credits=5", f"/console/jobs/{job_id}/outputs/0"]
 
 
+@pytest.fixture
+async def uncertain(web, make_owner, db):
+    """(the web app, an owner, one of its jobs left uncertain)."""
+    server = await web()
+    owner = await make_owner()
+    job = await new_job(server, owner.api_key)
+    await make_uncertain(db, job["id"])
+    return server, owner, job
+
+
 # --- no ADMIN_TOKEN: no console -------------------------------------------------------
 
 
@@ -73,11 +83,8 @@ async def test_without_admin_token_everything_under_console_is_the_api_404(web):
 # --- signing in ----------------------------------------------------------------------
 
 
-async def test_every_page_and_action_needs_a_session(web, make_owner, db):
-    server = await web()
-    owner = await make_owner()
-    job = await new_job(server, owner.api_key)
-    await make_uncertain(db, job["id"])
+async def test_every_page_and_action_needs_a_session(uncertain, db):
+    server, owner, job = uncertain
     async with Console(server.url) as console:
         for path in page_paths(job["id"], owner.owner_id):
             answer = await console.http.get(path)
@@ -200,11 +207,8 @@ INLINE_STYLE = re.compile(r"<style\b|\sstyle\s*=", re.I)
 INLINE_HANDLER = re.compile(r"\son[a-z]+\s*=", re.I)
 
 
-async def test_every_console_response_has_a_strict_csp_and_no_inline_code(web, make_owner, db):
-    server = await web()
-    owner = await make_owner()
-    job = await new_job(server, owner.api_key)
-    await make_uncertain(db, job["id"])
+async def test_every_console_response_has_a_strict_csp_and_no_inline_code(uncertain, db):
+    server, owner, job = uncertain
     async with Console(server.url) as console:
         answers = [await console.http.get("/console/sign-in"), await console.sign_in()]
         for path in page_paths(job["id"], owner.owner_id)[:-1]:
@@ -246,11 +250,8 @@ async def test_static_files_are_served_versioned_and_nothing_else_is(web):
 
 
 @pytest.mark.parametrize("csrf", ["missing", "empty", "wrong", "another-session's", "the-sign-in-form's"])
-async def test_an_action_without_this_sessions_csrf_token_is_refused_and_changes_nothing(web, make_owner, db, csrf):
-    server = await web()
-    owner = await make_owner()
-    job = await new_job(server, owner.api_key)
-    await make_uncertain(db, job["id"])
+async def test_an_action_without_this_sessions_csrf_token_is_refused_and_changes_nothing(uncertain, db, csrf):
+    server, owner, job = uncertain
     async with Console(server.url) as console, Console(server.url) as other:
         await console.sign_in()
         await other.sign_in()
@@ -283,11 +284,8 @@ async def test_an_action_without_this_sessions_csrf_token_is_refused_and_changes
 # --- resolve ------------------------------------------------------------------------------
 
 
-async def test_resolve_with_a_task_id_after_its_confirmation(web, make_owner, db):
-    server = await web()
-    owner = await make_owner()
-    job = await new_job(server, owner.api_key)
-    await make_uncertain(db, job["id"])
+async def test_resolve_with_a_task_id_after_its_confirmation(uncertain, db):
+    server, owner, job = uncertain
     async with Console(server.url) as console:
         await console.sign_in()
         listed = await console.page("/console/needs-a-human")
@@ -309,11 +307,8 @@ async def test_resolve_with_a_task_id_after_its_confirmation(web, make_owner, db
     assert (await job_row(db, job["id"]))["provider_task_id"] == "task-from-the-dashboard"
 
 
-async def test_resolve_as_failed_refunds_once(web, make_owner, db):
-    server = await web()
-    owner = await make_owner()
-    job = await new_job(server, owner.api_key)
-    await make_uncertain(db, job["id"])
+async def test_resolve_as_failed_refunds_once(uncertain, db):
+    server, owner, job = uncertain
     async with Console(server.url) as console:
         await console.sign_in()
         confirm_path = f"/console/jobs/{job['id']}/resolve?outcome=failed"
@@ -331,11 +326,8 @@ async def test_resolve_as_failed_refunds_once(web, make_owner, db):
 
 @pytest.mark.parametrize("query", ["outcome=nonsense", "outcome=task", "task_id=" + "x" * 501,
                                    "outcome=failed&task_id=abc"])
-async def test_a_resolve_confirmation_for_bad_input_is_a_clear_400(web, make_owner, db, query):
-    server = await web()
-    owner = await make_owner()
-    job = await new_job(server, owner.api_key)
-    await make_uncertain(db, job["id"])
+async def test_a_resolve_confirmation_for_bad_input_is_a_clear_400(uncertain, db, query):
+    server, owner, job = uncertain
     async with Console(server.url) as console:
         await console.sign_in()
         answer = await console.http.get(f"/console/jobs/{job['id']}/resolve?{query}")

@@ -13,6 +13,15 @@ JOB = "job_0123456789abcdef01234567"
 OWNER = "own_0123456789abcdef01234567"
 
 
+def check(parse, value, expected) -> None:
+    """`parse(value)` is `expected`, or raises it when it is FormError."""
+    if expected is forms.FormError:
+        with pytest.raises(forms.FormError):
+            parse(value)
+    else:
+        assert parse(value) == expected
+
+
 @pytest.mark.parametrize(
     "content_type,raw,expected",
     [
@@ -36,11 +45,7 @@ OWNER = "own_0123456789abcdef01234567"
     ],
 )
 def test_parse_form(content_type, raw, expected) -> None:
-    if expected is forms.FormError:
-        with pytest.raises(forms.FormError):
-            forms.parse_form(content_type, raw)
-    else:
-        assert forms.parse_form(content_type, raw) == expected
+    check(lambda body: forms.parse_form(content_type, body), raw, expected)
 
 
 @pytest.mark.parametrize(
@@ -85,11 +90,7 @@ def test_safe_next_only_returns_to_a_console_page(raw, expected) -> None:
     ],
 )
 def test_parse_resolution(fields, expected) -> None:
-    if expected is forms.FormError:
-        with pytest.raises(forms.FormError):
-            forms.parse_resolution(fields)
-    else:
-        assert forms.parse_resolution(fields) == expected
+    check(forms.parse_resolution, fields, expected)
 
 
 @pytest.mark.parametrize(
@@ -113,11 +114,7 @@ def test_parse_resolution(fields, expected) -> None:
     ],
 )
 def test_parse_grant(fields, expected) -> None:
-    if expected is forms.FormError:
-        with pytest.raises(forms.FormError):
-            forms.parse_grant(fields)
-    else:
-        assert forms.parse_grant(fields) == expected
+    check(forms.parse_grant, fields, expected)
 
 
 @pytest.mark.parametrize(
@@ -156,11 +153,7 @@ def test_parse_grant_key(raw, ok) -> None:
     ],
 )
 def test_parse_search(raw, expected) -> None:
-    if expected is forms.FormError:
-        with pytest.raises(forms.FormError):
-            forms.parse_search(raw)
-    else:
-        assert forms.parse_search(raw) == expected
+    check(forms.parse_search, raw, expected)
 
 
 @pytest.mark.parametrize(
