@@ -112,10 +112,6 @@ select {_OWNER_COLUMNS},
        (select count(*) from owners u where u.platform_id = o.id) as owners_under
 from owners o where o.id = $1
 """
-OWNER_JOBS = """
-select id, provider, model, status, created_at, finished_at, credits_reserved, credits_charged, error_code
-from jobs where owner_id = $1 order by created_at desc, id desc limit $2
-"""
 OWNER_GRANTS = f"""
 select amount, reason, created_at from ledger where owner_id = $1 and kind = '{LedgerKind.GRANT}'
 order by id desc limit $2
@@ -182,13 +178,9 @@ async def owners(conn: asyncpg.Connection, *, limit: int,
     return await conn.fetch(OWNERS, created_at, last_id, limit)
 
 
-async def owner(conn: asyncpg.Connection, owner_id: str, *, jobs: int = 20,
-                grants: int = 20) -> dict[str, Any] | None:
+async def owner(conn: asyncpg.Connection, owner_id: str, *, grants: int = 20) -> dict[str, Any] | None:
+    """The owner and its latest grants (its jobs: app/domain/jobs.list_jobs)."""
     row = await conn.fetchrow(OWNER, owner_id)
     if row is None:
         return None
-    return {
-        "owner": row,
-        "jobs": await conn.fetch(OWNER_JOBS, owner_id, jobs),
-        "grants": await conn.fetch(OWNER_GRANTS, owner_id, grants),
-    }
+    return {"owner": row, "grants": await conn.fetch(OWNER_GRANTS, owner_id, grants) if grants else []}

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from app.domain import operator, owners
+from app.domain import jobs, operator, owners
 from app.vocabulary import JobError
 
 JOB = "job_" + "0" * 24
@@ -36,7 +36,8 @@ STATEMENTS = [
     pytest.param(operator.OWNERS, (NOW, OWNER, 51), id="owners-page"),
     pytest.param(operator.OWNERS, (None, None, 51), id="owners-first-page"),
     pytest.param(operator.OWNER, (OWNER,), id="owner"),
-    pytest.param(operator.OWNER_JOBS, (OWNER, 20), id="owner-jobs"),
+    pytest.param(jobs.LIST, (OWNER, None, None, None, 26), id="owner-jobs"),
+    pytest.param(jobs.LIST, (OWNER, "failed", NOW, JOB, 26), id="owner-jobs-of-a-status-page-2"),
     pytest.param(operator.OWNER_GRANTS, (OWNER, 20), id="owner-grants"),
 ]
 

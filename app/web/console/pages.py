@@ -12,7 +12,7 @@ from starlette.responses import RedirectResponse, Response
 
 from app import ids, status
 from app.domain import events, jobs, operator
-from app.vocabulary import IN_FLIGHT, NEEDS_A_HUMAN, TERMINAL, ApiErrorCode, JobStatus
+from app.vocabulary import ALL_STATUSES, IN_FLIGHT, NEEDS_A_HUMAN, TERMINAL, ApiErrorCode, JobStatus
 from app.web.console import forms
 from app.web.console.render import HEADERS, page, static_file, wants_fragment
 from app.web.console.session import Session, session_of, set_sign_in_cookie, sign_in_form_token
@@ -20,6 +20,7 @@ from app.web.errors import ApiError
 from app.web.jobs import decode_cursor, encode_cursor, serve_output
 
 OWNERS_PER_PAGE = 50
+JOBS_PER_PAGE = 25  # an owner's jobs
 FINISHED_WINDOW_S = 3600  # the fleet counts what finished within the last hour
 # What an action's redirect may say on the page it lands on (`?done=`): a
 # fixed set, so nothing from the URL is ever shown as it is.
@@ -170,11 +171,25 @@ async def owner(request: Request, session: Session) -> Response:
     owner_id = request.path_params["owner_id"]
     if not ids.is_owner_id(owner_id):
         return not_found_page(request, session, "owner")
+    # Its jobs, newest first, a page at a time, optionally of one status (the
+    # owner's own list statement: GET /v1/jobs).
+    wanted = request.query_params.get("status") or None
+    status_filter = wanted if wanted in ALL_STATUSES else None
+    cursor = request.query_params.get("cursor")
+    try:
+        after = decode_cursor(cursor) if cursor else None
+    except ApiError:
+        after = None
     async with request.app.state.pool.acquire() as conn:
         found = await operator.owner(conn, owner_id)
-    if found is None:
-        return not_found_page(request, session, "owner")
-    return page(request, "owner.html", {**found, "done": done_message(request)}, session=session)
+        if found is None:
+            return not_found_page(request, session, "owner")
+        rows = await jobs.list_jobs(conn, owner_id, status=status_filter, limit=JOBS_PER_PAGE + 1, after=after)
+    shown = rows[:JOBS_PER_PAGE]
+    more = encode_cursor(shown[-1]) if len(rows) > JOBS_PER_PAGE else None
+    return page(request, "owner.html", {**found, "jobs": shown, "next_cursor": more, "status_filter": status_filter,
+                                        "statuses": [str(s) for s in ALL_STATUSES], "done": done_message(request)},
+                session=session)
 
 
 @operator_page
@@ -187,7 +202,7 @@ async def confirm_grant(request: Request, session: Session) -> Response:
     except forms.FormError as e:
         return message_page(request, session, "Cannot grant", str(e), 400, back=f"/console/owners/{owner_id}")
     async with request.app.state.pool.acquire() as conn:
-        found = await operator.owner(conn, owner_id, jobs=0, grants=0)
+        found = await operator.owner(conn, owner_id, grants=0)
     if found is None:
         return not_found_page(request, session, "owner")
     # The grant's one-time key: submitting this page twice moves the money once.
@@ -209,7 +224,7 @@ async def search(request: Request, session: Session) -> Response:
     async with request.app.state.pool.acquire() as conn:
         if wanted.kind == "job" and await jobs.get_job(conn, wanted.value) is not None:
             return RedirectResponse(f"/console/jobs/{wanted.value}", status_code=303, headers=HEADERS)
-        if wanted.kind == "owner" and await operator.owner(conn, wanted.value, jobs=0, grants=0):
+        if wanted.kind == "owner" and await operator.owner(conn, wanted.value, grants=0):
             return RedirectResponse(f"/console/owners/{wanted.value}", status_code=303, headers=HEADERS)
         if wanted.kind == "notification":
             found = await operator.notification_owner(conn, wanted.value)

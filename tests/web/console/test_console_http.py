@@ -6,6 +6,7 @@ browser: test_browser.py."""
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 import time
 
@@ -488,3 +489,23 @@ async def test_no_page_shows_a_secret(web, make_owner, db):
         for secret in secrets:
             assert secret not in text
         assert "token=" not in text
+
+
+async def test_an_owners_jobs_page_by_page_and_by_status(web, make_owner, db):
+    server = await web()
+    owner = await make_owner(credits=10_000, max_active=40)
+    made = [(await new_job(server, owner.api_key))["id"] for _ in range(30)]
+    await make_uncertain(db, made[3])
+    async with Console(server.url) as console:
+        await console.sign_in()
+        first = await console.page(f"/console/owners/{owner.owner_id}")
+        shown = re.findall(r'<a href="/console/jobs/(job_[0-9a-f]{24})">', first)
+        assert shown == made[::-1][:25]  # newest first
+        older = html.unescape(re.search(r'<a href="([^"]+)">Older jobs</a>', first).group(1))
+        second = await console.page(older)
+        assert re.findall(r'<a href="/console/jobs/(job_[0-9a-f]{24})">', second) == made[::-1][25:]
+        assert "Older jobs" not in second
+        only = await console.page(f"/console/owners/{owner.owner_id}?status=uncertain")
+        assert re.findall(r'<a href="/console/jobs/(job_[0-9a-f]{24})">', only) == [made[3]]
+        # An unknown status or a forged cursor is no filter and the first page, not an error.
+        assert await console.page(f"/console/owners/{owner.owner_id}?status=nope&cursor=forged") == first
