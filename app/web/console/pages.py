@@ -19,6 +19,7 @@ from app.web.console.session import Session, session_of, set_sign_in_cookie, sig
 from app.web.errors import ApiError
 from app.web.jobs import decode_cursor, encode_cursor, serve_output
 
+ENTRY = "/console"
 OWNERS_PER_PAGE = 50
 JOBS_PER_PAGE = 25  # an owner's jobs
 FINISHED_WINDOW_S = 3600  # the fleet counts what finished within the last hour
@@ -53,8 +54,10 @@ def operator_page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         require_console(request)
         session = session_of(request)
         if session is None:
-            if wants_fragment(request):  # console.js reloads, and lands on the sign-in page
+            if wants_fragment(request):  # console.js reloads, and lands on the sign-in form
                 return Response(status_code=401, headers=HEADERS)
+            if request.url.path == ENTRY:  # the address operators type: its page is the sign-in form
+                return sign_in_form(request, ENTRY)
             return to_sign_in(request)
         return await handler(request, session)
     endpoint.__name__ = handler.__name__
