@@ -38,7 +38,7 @@ order by updated_at desc limit $1
 """
 UNCERTAIN_JOBS = f"""
 select id, owner_id, provider, model, status, created_at, updated_at, last_error, submit_attempts,
-       provider_call_started_at
+       provider_call_started_at, deadline_at
 from jobs where status in {sql_list(IN_FLIGHT)} and status = '{JobStatus.UNCERTAIN}'
 order by updated_at limit $1
 """

@@ -300,6 +300,8 @@ async def test_resolve_with_a_task_id_after_its_confirmation(uncertain, db):
         await console.sign_in()
         listed = await console.page("/console/needs-a-human")
         assert f'data-job="{job["id"]}"' in listed
+        deadline = await db.fetchval("select deadline_at from jobs where id = $1", job["id"])
+        assert f"expires, refunded, at {deadline:%Y-%m-%d %H:%M:%S} UTC" in listed
         confirm_path = f"/console/jobs/{job['id']}/resolve?outcome=task&task_id=task-from-the-dashboard"
         confirm = await console.page(confirm_path)
         assert "task-from-the-dashboard" in confirm
