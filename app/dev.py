@@ -76,19 +76,11 @@ def _prepare_environment():
     process started from here sees the same settings."""
     STATE_DIR.mkdir(exist_ok=True)
     pg = None
-    if not os.environ.get("SECRET_KEY"):
-        key_file = STATE_DIR / "secret_key"
-        if not key_file.exists():
-            key_file.write_text(secrets.token_urlsafe(32))
-            key_file.chmod(0o600)
-        os.environ["SECRET_KEY"] = key_file.read_text().strip()
-    if not os.environ.get("ADMIN_TOKEN"):
-        # The console (/console) and the admin routes, for this machine's operator.
-        token_file = STATE_DIR / "admin_token"
-        if not token_file.exists():
-            token_file.write_text(secrets.token_urlsafe(24))
-            token_file.chmod(0o600)
-        os.environ["ADMIN_TOKEN"] = token_file.read_text().strip()
+    # SECRET_KEY, and ADMIN_TOKEN for the console and the admin routes: made
+    # up once for this machine, kept in files only its user can read.
+    for name, file_name, nbytes in (("SECRET_KEY", "secret_key", 32), ("ADMIN_TOKEN", "admin_token", 24)):
+        if not os.environ.get(name):
+            os.environ[name] = _local_secret(STATE_DIR / file_name, nbytes)
     if not os.environ.get("DATABASE_URL"):
         from app.embedded import EmbeddedPostgres
 
@@ -113,6 +105,13 @@ def _prepare_environment():
             if provider == ProviderName.FAL:
                 os.environ["FAL_JWKS_URL"] = f"{sim_url}/fal/.well-known/jwks.json"
     return pg
+
+
+def _local_secret(path: Path, nbytes: int) -> str:
+    if not path.exists():
+        path.touch(mode=0o600)  # made unreadable to others before the secret is in it
+        path.write_text(secrets.token_urlsafe(nbytes))
+    return path.read_text().strip()
 
 
 def _admin_token_hint() -> str:
