@@ -14,6 +14,7 @@ sends nothing.
 """
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 import asyncpg
@@ -63,6 +64,14 @@ from upsert
 # settlers claim side by side; the lease returns a crashed worker's claims.
 # Notify intents are claimed from their own limit ($3): deliveries to slow
 # endpoints never take the slots that submits and settles need.
+#
+# The same round trip loads each claimed intent's job (`select *` of jobs,
+# beside the intent's own columns, prefixed `intent_`) — except a notify's
+# (a delivery reads its own rows) and, unless $4, a submit's (its first
+# statement claims the job row and returns it) — and says when a sleeping
+# settler must wake next: the earliest `not_before` (or lease end) among the
+# intents it did not claim. This statement sees the claimed rows as they
+# were (unclaimed and due), so they are left out of that minimum by id.
 CLAIM = f"""
 with due_work as (
     select id from outbox
@@ -78,10 +87,25 @@ with due_work as (
     order by not_before
     limit $3
     for update skip locked
+), due as (
+    select id from due_work union all select id from due_notify
+), claimed as (
+    update outbox o set claimed_until = now() + make_interval(secs => $2), attempts = o.attempts + 1
+    from due where o.id = due.id
+    returning o.id, o.job_id, o.kind, o.generation, o.attempts, o.delivery_id
+), next_due as (
+    select min(greatest(not_before, coalesce(claimed_until, not_before))) as at from (
+        select not_before, claimed_until from outbox
+        where id not in (select id from due)
+        order by not_before limit 100
+    ) s
 )
-update outbox o set claimed_until = now() + make_interval(secs => $2), attempts = o.attempts + 1
-from (select id from due_work union all select id from due_notify) due where o.id = due.id
-returning o.id, o.job_id, o.kind, o.generation, o.attempts, o.delivery_id
+select n.at as next_due, c.id as intent_id, c.job_id as intent_job_id, c.kind as intent_kind,
+       c.generation as intent_generation, c.attempts as intent_attempts, c.delivery_id as intent_delivery_id,
+       j.*
+from next_due n
+left join claimed c on true
+left join jobs j on j.id = c.job_id and c.kind <> '{IntentKind.NOTIFY}' and ($4 or c.kind <> '{IntentKind.SUBMIT}')
 """
 
 # Done: delete finished intents, all in one statement (the settler's group
@@ -117,15 +141,6 @@ returning not_before, generation <> $2 as requested_meanwhile
 # Give the claim back untouched (shutdown): due again at once.
 RELEASE = "update outbox set claimed_until = null, attempts = greatest(attempts - 1, 0) where id = $1"
 
-# When must a sleeping settler wake next? (index on not_before; claimed rows
-# wake at their lease end, which is always later than their not_before.)
-NEXT_DUE = """
-select min(greatest(not_before, coalesce(claimed_until, not_before))) from (
-    select not_before, claimed_until from outbox order by not_before limit 100
-) s
-"""
-
-
 @dataclass(frozen=True)
 class Intent:
     id: int
@@ -146,11 +161,23 @@ async def request(conn, job_id: str, kind: IntentKind, delay_s: float = 0.0, *,
     return await conn.fetchrow(REQUEST, job_id, kind, float(delay_s), line) is not None
 
 
-async def claim(conn, limit: int, lease_s: float, notify_limit: int = 0) -> list[Intent]:
-    """Up to `limit` due submit/settle/cancel intents and `notify_limit` notify ones."""
-    rows = await conn.fetch(CLAIM, limit, float(lease_s), notify_limit)
-    return [Intent(r["id"], r["job_id"], IntentKind(r["kind"]), r["generation"], r["attempts"], r["delivery_id"])
-            for r in rows]
+@dataclass(frozen=True)
+class Claimed:
+    intents: list[Intent]
+    jobs: dict[int, asyncpg.Record]  # by intent id: its job's row (`select *` columns), where loaded
+    next_due: dt.datetime | None  # the earliest not_before (or lease end) among the intents not claimed
+
+
+async def claim(conn, limit: int, lease_s: float, notify_limit: int = 0, *, load_submits: bool = False) -> Claimed:
+    """Up to `limit` due submit/settle/cancel intents and `notify_limit`
+    notify ones, with their jobs (a submit's only with `load_submits`)."""
+    rows = await conn.fetch(CLAIM, limit, float(lease_s), notify_limit, load_submits)
+    claimed = [r for r in rows if r["intent_id"] is not None]
+    return Claimed(
+        intents=[Intent(r["intent_id"], r["intent_job_id"], IntentKind(r["intent_kind"]), r["intent_generation"],
+                        r["intent_attempts"], r["intent_delivery_id"]) for r in claimed],
+        jobs={r["intent_id"]: r for r in claimed if r["id"] is not None},
+        next_due=rows[0]["next_due"])
 
 
 async def finish_many(conn, done: list[Intent]) -> set[int]:
@@ -167,6 +194,4 @@ async def release(conn, intent: Intent) -> None:
     await conn.execute(RELEASE, intent.id)
 
 
-async def next_due(conn):
-    return await conn.fetchval(NEXT_DUE)
 

@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Done:
-    """The intent is finished: delete it (unless asked again meanwhile)."""
+    """The intent is finished: delete it (unless asked again meanwhile).
+    `deleted`: the step's own statement already deleted it (a close drops
+    the job's submit and settle intents, a task save its submit intent),
+    so there is nothing left to delete."""
+
+    deleted: bool = False
 
 
 @dataclass(frozen=True)
@@ -20,4 +25,5 @@ class Later:
 
 
 DONE = Done()
+GONE = Done(deleted=True)
 Outcome = Done | Later

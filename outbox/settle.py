@@ -29,7 +29,7 @@ from app.providers.base import Observation, ProviderError, SubmitRequest, Submit
 from app.vocabulary import CallOutcome, JobStatus, ProviderCall
 from outbox import decide
 from outbox.context import Context
-from outbox.outcome import DONE, Done, Outcome
+from outbox.outcome import DONE, Done, Later, Outcome
 from outbox.store import close_job, remove_files, store_and_close
 from outbox.submit import save_submitted
 
@@ -67,11 +67,15 @@ async def settle(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
         return await _carry_out(ctx, record, provider, decide.after_download_error(0, e, attempts), attempts)
     else:
         ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.OK)
-    async with ctx.pool.acquire() as conn:
-        await events.status_checked(conn, job_id, _what_was_said(seen))
+    checked = _what_was_said(seen)
     try:
         decision = decide.settle(record, seen, now=now, attempts=attempts, facts=facts)
-        outcome = await _carry_out(ctx, record, provider, decision, attempts)
+        closes = isinstance(decision, (decide.Close, decide.StoreOutputs))
+        # A close writes the check's line itself (one statement fewer per job).
+        outcome = await _carry_out(ctx, record, provider, decision, attempts, checked=checked if closes else None)
+        if not closes or isinstance(outcome, Later):  # no close, or one that did not happen (to retry)
+            async with ctx.pool.acquire() as conn:
+                await events.status_checked(conn, job_id, checked)
     finally:
         if isinstance(seen, Observation):
             remove_files(seen)  # the adapter's files of an answer not stored (or already moved)
@@ -118,13 +122,13 @@ async def _confirm_claim(ctx: Context, job: JobRecord, provider, task_id: str, a
 
 
 async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.SettleDecision,
-                     attempts: int) -> Outcome:
+                     attempts: int, *, checked: dict[str, str | None] | None = None) -> Outcome:
     if isinstance(decision, Done):
         return decision
     if isinstance(decision, (decide.Wait, decide.Retry)):
         return decide.later(decision)
     if isinstance(decision, decide.Close):
-        return await close_job(ctx, job, decision)
+        return await close_job(ctx, job, decision, checked=checked)
     if isinstance(decision, decide.StoreOutputs):
-        return await store_and_close(ctx, job, provider, decision, attempts)
+        return await store_and_close(ctx, job, provider, decision, attempts, checked=checked)
     raise TypeError(f"a settle step cannot carry out {decision!r}")

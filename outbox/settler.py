@@ -12,11 +12,13 @@ across a provider call or a download.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import logging
 import signal
 import time
+from typing import Any
 
 from app.capacity import capped_providers, is_capped
 from app.config import Settings
@@ -36,8 +38,6 @@ from outbox.submit import submit
 log = logging.getLogger("longcall.settler")
 
 STEPS = {IntentKind.SUBMIT: submit, IntentKind.SETTLE: settle, IntentKind.CANCEL: cancel}
-LOADS_ITS_JOB = {IntentKind.SUBMIT}  # its first statement claims the job row and returns it
-NEEDS_NO_JOB = {IntentKind.NOTIFY}  # a delivery reads its own rows (the job's snapshot included)
 CLAIM_BATCH = 64
 SHUTDOWN_GRACE_S = 25.0
 
@@ -58,6 +58,10 @@ class Settler:
         self.lease_s = lease_s or ctx.settings.settler_lease_s
         self.sweep_interval_s = ctx.settings.sweep_interval_s if sweep_interval_s is None else sweep_interval_s
         self.running: dict[int, tuple[intents.Intent, asyncio.Task]] = {}
+        # Claimed (leased) intents waiting for a work slot, with their jobs'
+        # rows: a claim takes up to `backlog` more than the free slots.
+        self.waiting: collections.deque[tuple[intents.Intent, Any]] = collections.deque()
+        self.backlog = 3 * concurrency
         self.wake = asyncio.Event()
         self.due_now = True  # scan once at start
         self.next_wake: float | None = None  # epoch seconds of the earliest known timer
@@ -156,35 +160,46 @@ class Settler:
 
     async def _drain(self) -> None:
         self.due_now = False
+        self._start_waiting()
         async with self.ctx.pool.acquire() as conn:
             while not self.stopping:
                 free, free_notify = self._free_slots()
+                # Claimed batches may be larger than the free slots: the rest
+                # wait here, leased, and start as slots free up, without a
+                # claim each (a claim is a round trip and a commit).
+                room = free + self.backlog - len(self.waiting)
                 if free <= 0:
                     self.due_now = True  # full: a finishing task asks for the next drain
-                if free <= 0 and free_notify <= 0:
+                if room <= 0 and free_notify <= 0:
                     return
-                asked, asked_notify = max(0, min(free, CLAIM_BATCH)), max(0, min(free_notify, CLAIM_BATCH))
-                batch = await intents.claim(conn, asked, self.lease_s, asked_notify)
-                # Loaded now, not by each step: the steps start at once, so the
-                # rows are as fresh as a load of their own. If this load fails,
-                # the steps load their own rows: claimed intents always start
-                # (never left to wait out their lease).
+                asked, asked_notify = max(0, min(room, CLAIM_BATCH)), max(0, min(free_notify, CLAIM_BATCH))
+                # Each job is loaded by the claim. A row that waits here may be
+                # a moment older when its step starts; every transition is
+                # guarded by the status it expects, so an old row can only
+                # lose a race, never win a wrong one.
                 # A capped provider's submit reads its job's caps before the claim.
-                loads = self.ctx.capacity_limited
-                try:
-                    loaded = await jobs.load_many(conn, [i.job_id for i in batch if i.kind not in NEEDS_NO_JOB
-                                                         and (loads or i.kind not in LOADS_ITS_JOB)])
-                except Exception as e:
-                    log.warning("could not load a claimed batch's jobs", extra={"error": type(e).__name__})
-                    loaded = {}
-                for intent in batch:
+                claimed = await intents.claim(conn, asked, self.lease_s, asked_notify,
+                                              load_submits=self.ctx.capacity_limited)
+                for intent in claimed.intents:
                     if intent.kind is IntentKind.NOTIFY:
-                        self.notifying += 1
-                    task = asyncio.create_task(self._handle(intent, loaded.get(intent.job_id)))
-                    self.running[intent.id] = (intent, task)
-                if len(batch) < asked + asked_notify:
+                        self._start(intent, None)  # its own slots, claimed only as many as free
+                    else:
+                        self.waiting.append((intent, claimed.jobs.get(intent.id)))
+                self._start_waiting()
+                self.next_wake = _epoch(claimed.next_due)
+                if len(claimed.intents) < asked + asked_notify:
                     break
-            self.next_wake = _epoch(await intents.next_due(conn))
+
+    def _start(self, intent: intents.Intent, job) -> None:
+        if intent.kind is IntentKind.NOTIFY:
+            self.notifying += 1
+        task = asyncio.create_task(self._handle(intent, job))
+        self.running[intent.id] = (intent, task)
+
+    def _start_waiting(self) -> None:
+        """Start claimed intents that wait, into the free work slots."""
+        while self.waiting and not self.stopping and self._free_slots()[0] > 0:
+            self._start(*self.waiting.popleft())
 
     async def _handle(self, intent: intents.Intent, job=None) -> None:
         outcome: Outcome
@@ -203,9 +218,10 @@ class Settler:
             outcome = Later(policy.backoff(intent.attempts), failed=True, reason=type(e).__name__)
         try:
             if isinstance(outcome, Done):
-                # Still claimed (its lease runs) until the batch is written.
-                self.finished.append(intent)
-                self.finished_ready.set()
+                if not outcome.deleted:
+                    # Still claimed (its lease runs) until the batch is written.
+                    self.finished.append(intent)
+                    self.finished_ready.set()
             else:
                 async with self.ctx.pool.acquire() as conn:
                     # (A delivery's errors are its own: the job, closed, is not touched.)
@@ -226,11 +242,14 @@ class Settler:
         finally:
             if self.running.pop(intent.id, None) is not None and intent.kind is IntentKind.NOTIFY:
                 self.notifying -= 1
-            # Claim again once a quarter of the slots are free (claims stay
-            # batched under load), or when the last one finished.
+            self._start_waiting()
+            # Claim again once a quarter of the slots (or of the waiting
+            # room) are free, so claims stay batched under load, or when
+            # the last one finished.
             free, free_notify = self._free_slots()
-            if free >= max(1, self.concurrency // 4) or free_notify >= max(1, self.notify_concurrency // 4) \
-                    or not self.running:
+            room = free + self.backlog - len(self.waiting)
+            if room >= max(1, (self.concurrency + self.backlog) // 4) \
+                    or free_notify >= max(1, self.notify_concurrency // 4) or not self.running:
                 self._due()
 
     async def _finish_batches(self) -> None:
@@ -282,7 +301,7 @@ class Settler:
     async def _keep_leases(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
-            ids = list(self.running)
+            ids = [*self.running, *(intent.id for intent, _ in self.waiting)]
             if not ids:
                 continue
             with contextlib.suppress(Exception):
@@ -291,15 +310,17 @@ class Settler:
                     "where id = any($1::bigint[]) and claimed_until is not null", ids, float(self.lease_s))
 
     async def _shutdown(self) -> None:
-        if not self.running:
-            return
-        tasks = [t for _, t in self.running.values()]
-        done, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
-        held = [intent for intent, t in self.running.values() if t in pending]
-        for t in pending:
-            t.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.gather(*pending, return_exceptions=True)
+        # Claimed intents that never started go back at once (due again).
+        held = [intent for intent, _ in self.waiting]
+        self.waiting.clear()
+        if self.running:
+            tasks = [t for _, t in self.running.values()]
+            done, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
+            held += [intent for intent, t in self.running.values() if t in pending]
+            for t in pending:
+                t.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*pending, return_exceptions=True)
         if held:
             with contextlib.suppress(Exception):
                 async with self.ctx.pool.acquire() as conn:

@@ -14,6 +14,8 @@ import hashlib
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
+from typing import Any
 
 from app import capacity, media, pricing
 from app.domain import jobs
@@ -25,7 +27,7 @@ from app.storage import object_key
 from app.vocabulary import JobStatus
 from outbox import decide
 from outbox.context import Context
-from outbox.outcome import DONE, Outcome
+from outbox.outcome import DONE, GONE, Outcome
 
 log = logging.getLogger("longcall.settler")
 
@@ -58,9 +60,11 @@ def _spool(value: OutputValue, directory: str, max_bytes: int) -> Downloaded:
 
 
 async def store_and_close(ctx: Context, job: JobRecord, provider, store: decide.StoreOutputs, attempts: int, *,
-                          from_statuses: tuple[JobStatus, ...] | None = None) -> Outcome:
+                          from_statuses: tuple[JobStatus, ...] | None = None,
+                          checked: Mapping[str, Any] | None = None) -> Outcome:
     """Copy every output into storage, then close the job succeeded in one
-    statement (from `from_statuses`: a sync job closes from `submitting`).
+    statement (from `from_statuses`: a sync job closes from `submitting`),
+    with `checked`, the status check's timeline line, if any.
     A download or storage failure moves no money: the intent comes back."""
     downloaded: list[tuple[Downloaded, str | None]] = []  # each output's file and label, in index order
     try:
@@ -69,7 +73,8 @@ async def store_and_close(ctx: Context, job: JobRecord, provider, store: decide.
             try:
                 got = await download_to_file(url, policy_, ctx.download_dir)
             except DownloadError as e:
-                return await after_output_error(ctx, job, decide.after_download_error(index, e, attempts))
+                return await after_output_error(ctx, job, decide.after_download_error(index, e, attempts),
+                                                checked=checked)
             downloaded.append((got, store.url_label(index)))
             DOWNLOAD_BYTES.observe(got.bytes)
         # The adapter's files are the caller's to remove (a sync step keeps
@@ -80,7 +85,8 @@ async def store_and_close(ctx: Context, job: JobRecord, provider, store: decide.
             try:
                 got = await asyncio.to_thread(_spool, value, ctx.download_dir, policy_.max_bytes)
             except DownloadError as e:
-                return await after_output_error(ctx, job, decide.after_download_error(index, e, attempts))
+                return await after_output_error(ctx, job, decide.after_download_error(index, e, attempts),
+                                                checked=checked)
             downloaded.append((got, value.label))
         assets = []
         for index, (got, label) in enumerate(downloaded):
@@ -106,12 +112,13 @@ async def store_and_close(ctx: Context, job: JobRecord, provider, store: decide.
     async with ctx.pool.acquire() as conn:
         closed = await jobs.close(conn, job.id, JobStatus.SUCCEEDED, charge=charged.credits, assets=assets,
                                   usage=usage, operation=operation, from_statuses=from_statuses,
-                                  price_applied=charged.applied,
+                                  price_applied=charged.applied, checked=checked,
                                   wake_capacity=capacity.is_capped(ctx.settings, job.provider))
     if closed is not None:
         ctx.metrics.job_finished(provider.name, JobStatus.SUCCEEDED, closed)
         log.info("job succeeded", extra={"job_id": job.id, "owner": job.owner_id, "provider": provider.name,
                                          "charged": closed.charged, "outputs": len(assets)})
+        return GONE  # the close dropped the job's intents
     return DONE
 
 
@@ -130,22 +137,25 @@ async def _charge(ctx: Context, job: JobRecord, store: decide.StoreOutputs,
     return pricing.charge(price, job.credits_reserved, measures)
 
 
-async def after_output_error(ctx: Context, job: JobRecord,
-                             decision: decide.Close | decide.Retry | decide.Wait) -> Outcome:
+async def after_output_error(ctx: Context, job: JobRecord, decision: decide.Close | decide.Retry | decide.Wait, *,
+                             checked: Mapping[str, Any] | None = None) -> Outcome:
     """An output that could not be stored: closed (too large, refused,
     gone) or looked at again later."""
     if isinstance(decision, decide.Close):
-        return await close_job(ctx, job, decision)
+        return await close_job(ctx, job, decision, checked=checked)
     return decide.later(decision)
 
 
-async def close_job(ctx: Context, job: JobRecord, close: decide.Close) -> Outcome:
+async def close_job(ctx: Context, job: JobRecord, close: decide.Close, *,
+                    checked: Mapping[str, Any] | None = None) -> Outcome:
+    """`checked`: the status check's timeline line, written by the close."""
     async with ctx.pool.acquire() as conn:
         closed = await jobs.close(conn, job.id, close.status, error_code=close.error_code,
                                   error_message=close.message, cancel_at_provider=close.cancel_at_provider,
-                                  wake_capacity=capacity.is_capped(ctx.settings, job.provider))
+                                  wake_capacity=capacity.is_capped(ctx.settings, job.provider), checked=checked)
     if closed is not None:
         ctx.metrics.job_finished(job.provider, close.status, closed)
         log.info("job closed", extra={"job_id": job.id, "owner": job.owner_id, "provider": job.provider,
                                       "status": close.status, "error_code": close.error_code})
+        return GONE  # the close dropped the job's intents
     return DONE

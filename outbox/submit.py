@@ -21,7 +21,7 @@ from app.providers.base import ProviderError, Rejected, SubmitRequest, Submitted
 from app.vocabulary import CallOutcome, JobStatus, ProviderCall, ProviderKind
 from outbox import decide, sync
 from outbox.context import Context
-from outbox.outcome import DONE, Done, Outcome
+from outbox.outcome import DONE, GONE, Done, Outcome
 
 log = logging.getLogger("longcall.settler")
 
@@ -119,7 +119,7 @@ async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.Su
                                       cancel_at_provider=decision.cancel_at_provider,
                                       wake_capacity=capacity.is_capped(ctx.settings, job.provider))
         ctx.metrics.job_finished(provider.name, decision.status, closed)
-        return DONE
+        return DONE if closed is None else GONE  # a close drops the job's intents
     if isinstance(decision, decide.Retry):
         return decide.later(decision)
     if isinstance(decision, decide.Save):
@@ -153,4 +153,5 @@ async def _save(ctx: Context, job: JobRecord, provider, save: decide.Save) -> Ou
     if result is jobs.Saved.ON_CLOSED_JOB:
         log.info("task saved on a closed job; provider cancel queued",
                  extra={"job_id": job.id, "provider": provider.name})
-    return DONE
+    # The save dropped the submit intent (as the close of a closed job had).
+    return DONE if result is jobs.Saved.LOST else GONE

@@ -5,7 +5,8 @@ create, the submit claim, the task save, the call start and every close in
 app/domain/jobs.py; an accepted webhook's settle request (outbox/intents.py);
 a delivery's end (app/domain/notifications.py). The one line with a
 statement of its own is `status_checked`, after a status call that changed
-nothing else. Rows stay small: every detail is a few bounded fields (the
+nothing else (the line of a check that closes the job is written by the
+close). Rows stay small: every detail is a few bounded fields (the
 table refuses one over 8 KiB), and the lines that can repeat stop at
 MAX_REPEATED_LINES per job.
 """
@@ -33,12 +34,18 @@ TIMELINE = "select at, type, detail from job_events where job_id = $1 order by i
 
 # What the provider said, unless it said the same at the last check (a job
 # polled for an hour is one line per change, not one per poll).
+def status_changed(job_id_sql: str, detail_sql: str) -> str:
+    """SQL true when a status check's line is to be written: there is room,
+    and the provider said something other than at the last check."""
+    return (f"{room_for(job_id_sql)} and (select e.detail from job_events e where e.job_id = {job_id_sql} "
+            f"and e.type = '{EventType.STATUS_CHECKED}' order by e.id desc limit 1) "
+            f"is distinct from {detail_sql}")
+
+
 STATUS_CHECKED = f"""
 insert into job_events (job_id, type, detail)
 select $1, '{EventType.STATUS_CHECKED}', $2::jsonb
-where {room_for('$1')}
-  and (select e.detail from job_events e where e.job_id = $1 and e.type = '{EventType.STATUS_CHECKED}'
-       order by e.id desc limit 1) is distinct from $2::jsonb
+where {status_changed('$1', '$2::jsonb')}
 """
 
 

@@ -22,7 +22,7 @@ import asyncpg
 from app import ids
 from app.capacity import NO_CAPS, Caps
 from app.db import JOBS_CHANNEL, OUTBOX_CHANNEL
-from app.domain import notifications, states
+from app.domain import events, notifications, states
 from app.vocabulary import (
     CLOSED_BY_CLOSE,
     SUBMITTED,
@@ -175,7 +175,6 @@ order by j.created_at desc, j.id desc limit $5
 """
 # Everything the settler needs, secrets included (never rendered).
 LOAD = "select * from jobs where id = $1"
-LOAD_MANY = "select * from jobs where id = any($1::text[])"
 
 
 async def get_job(conn, job_id: str) -> asyncpg.Record | None:
@@ -197,13 +196,6 @@ async def load(conn, job_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(LOAD, job_id)
 
 
-async def load_many(conn, job_ids: list[str]) -> dict[str, asyncpg.Record]:
-    """The jobs of a claimed batch, in one round trip instead of one each."""
-    if not job_ids:
-        return {}
-    return {r["id"]: r for r in await conn.fetch(LOAD_MANY, job_ids)}
-
-
 # --- closing: the one terminal transition, with its money -----------------------
 
 # $1 job, $2 new status, $3 charge (capped at the reservation here), $4/$5
@@ -212,8 +204,10 @@ async def load_many(conn, job_ids: list[str]) -> dict[str, asyncpg.Record]:
 # $14 the usage measured (JSON array; null keeps what is there), $15 facts
 # to keep with the provider operation (a sync call's request id; null: none),
 # $16 how a success's charge was reached (app/pricing.py; null: none),
-# $17 wake a job waiting for the provider's capacity.
-# The job's timeline gets a line per output stored and one for the close;
+# $17 wake a job waiting for the provider's capacity, $18 the line of the
+# status check that led to this close (null: none; saves the check its own
+# statement). The job's timeline gets that line, one per output stored and
+# one for the close;
 # the owner's endpoints get its notification (app/domain/notifications.py).
 _NEW_OUTPUTS = """(select coalesce(jsonb_agg(jsonb_build_object(
         'index', a.index, 'content_type', a.content_type, 'bytes', a.bytes, 'sha256', a.sha256,
@@ -284,6 +278,9 @@ with j as (
         from j cross join unnest($8::int[], $10::bigint[], $11::text[], $12::text[], $13::text[])
              as a(index, bytes, sha256, content_type, label)
         union all
+        select j.id, '{EventType.STATUS_CHECKED}', -1, $18::jsonb
+        from j where $18::jsonb is not null and {events.status_changed('j.id', '$18::jsonb')}
+        union all
         select j.id, '{EventType.CLOSED}', 2147483647,
                jsonb_build_object('status', j.status, 'charged', j.credits_charged,
                                   'refunded', j.credits_refunded, 'error_code', j.error_code,
@@ -326,10 +323,12 @@ async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_
                 assets: Sequence[Asset] = (), from_statuses: Sequence[str] | None = None,
                 usage: Sequence[Mapping[str, Any]] | None = None,
                 operation: Mapping[str, Any] | None = None,
-                price_applied: Mapping[str, Any] | None = None, wake_capacity: bool = False) -> Closed | None:
+                price_applied: Mapping[str, Any] | None = None, wake_capacity: bool = False,
+                checked: Mapping[str, Any] | None = None) -> Closed | None:
     """Make the job terminal, with its charge/refund, slot release, secret
     erasure and intent cleanup. None when the job was not in a state this
     transition may start from (someone else closed it first).
+    `checked`: the status check's timeline line (events.status_checked), written first.
     `wake_capacity`: its provider is capped (app/capacity.py): a job
     waiting for a place is woken."""
     if status not in states.CLOSE_FROM:
@@ -345,7 +344,8 @@ async def close(conn, job_id: str, status: JobStatus, *, charge: int = 0, error_
         [a.index for a in assets], [a.storage_key for a in assets], [a.bytes for a in assets],
         [a.sha256 for a in assets], [a.content_type for a in assets], [a.label for a in assets],
         None if usage is None else list(usage), None if operation is None else dict(operation),
-        None if price_applied is None else dict(price_applied), wake_capacity)
+        None if price_applied is None else dict(price_applied), wake_capacity,
+        None if checked is None else dict(checked))
     if row is None:
         return None
     return Closed(row["id"], row["owner_id"], row["credits_charged"], row["credits_refunded"],
@@ -410,7 +410,8 @@ SUBMIT_SETTLED = "update jobs set submit_in_doubt = false, last_error = $2, upda
 # running and gets its first status check; if the job was closed meanwhile
 # (cancelled while we were submitting) the task id is still saved and the
 # provider is asked to cancel it. Either way the timeline says so; a job
-# now running is notified.
+# now running is notified, and its submit intent, done, is deleted here
+# (the settler then has nothing to delete).
 SAVE_TASK = f"""
 with to_running as (
     update jobs set status = '{JobStatus.RUNNING}', provider_task_id = $2, provider_operation = $3,
@@ -424,6 +425,8 @@ with to_running as (
     where id = $1 and status in {sql_list(TERMINAL)}
       and provider_task_id is null and not exists (select 1 from to_running)
     returning id
+), submit_done as (
+    delete from outbox where job_id = $1 and kind = '{IntentKind.SUBMIT}' and exists (select 1 from to_running)
 ), first_check as (
     insert into outbox (job_id, kind, not_before)
     select id, '{IntentKind.SETTLE}', now() + make_interval(secs => $6) from to_running

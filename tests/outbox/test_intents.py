@@ -69,12 +69,12 @@ async def test_a_request_while_claimed_is_not_lost(db, job_ids):
     job = job_ids[0]
     async with db.acquire() as conn:
         await intents.request(conn, job, "settle")
-        [claimed] = await intents.claim(conn, 10, lease_s=60)
+        [claimed] = (await intents.claim(conn, 10, lease_s=60)).intents
         await intents.request(conn, job, "settle")        # asked again while a worker holds it
         assert await intents.finish_many(conn, [claimed]) == {claimed.id}  # kept, and due
         row = await conn.fetchrow("select * from outbox where job_id = $1", job)
         assert row["claimed_until"] is None and row["not_before"] <= await conn.fetchval("select now()")
-        [again] = await intents.claim(conn, 10, lease_s=60)
+        [again] = (await intents.claim(conn, 10, lease_s=60)).intents
         assert await intents.finish_many(conn, [again]) == set()  # nothing new: deleted
         assert await conn.fetchval("select count(*) from outbox") == 0
 
@@ -83,7 +83,7 @@ async def test_retry_waits_unless_asked_meanwhile(db, job_ids):
     async with db.acquire() as conn:
         await intents.request(conn, job_ids[0], "settle")
         await intents.request(conn, job_ids[1], "settle")
-        a, b = await intents.claim(conn, 10, lease_s=60)
+        a, b = (await intents.claim(conn, 10, lease_s=60)).intents
         await intents.request(conn, b.job_id, "settle")
         ra = await intents.retry(conn, a, 30, failed=True)
         rb = await intents.retry(conn, b, 30, failed=False)
@@ -99,16 +99,16 @@ async def test_concurrent_claims_are_disjoint_and_leases_return(db, job_ids):
             await intents.request(conn, job, "settle")
     conns = [await db.acquire() for _ in range(5)]
     try:
-        batches = await asyncio.gather(*[intents.claim(c, 2, lease_s=1) for c in conns])
+        batches = [b.intents for b in await asyncio.gather(*[intents.claim(c, 2, lease_s=1) for c in conns])]
     finally:
         for c in conns:
             await db.release(c)
     claimed = [i.job_id for batch in batches for i in batch]
     assert sorted(claimed) == sorted(job_ids)  # every intent once, none twice
     async with db.acquire() as conn:
-        assert await intents.claim(conn, 10, lease_s=1) == []  # all leased
+        assert (await intents.claim(conn, 10, lease_s=1)).intents == []  # all leased
         await asyncio.sleep(1.2)
-        again = await intents.claim(conn, 10, lease_s=60)      # the leases ended: back they come
+        again = (await intents.claim(conn, 10, lease_s=60)).intents      # the leases ended: back they come
         assert sorted(i.job_id for i in again) == sorted(job_ids)
         assert {i.attempts for i in again} == {2}
 
@@ -128,7 +128,7 @@ async def test_finish_many_deletes_done_work_and_keeps_what_was_asked_again(db, 
     async with db.acquire() as conn:
         for job in job_ids:
             await intents.request(conn, job, "settle")
-        claimed = await intents.claim(conn, 10, lease_s=60)
+        claimed = (await intents.claim(conn, 10, lease_s=60)).intents
         asked_again = claimed[0]
         await intents.request(conn, asked_again.job_id, "settle")
         kept = await intents.finish_many(conn, claimed)
@@ -137,13 +137,47 @@ async def test_finish_many_deletes_done_work_and_keeps_what_was_asked_again(db, 
         assert [(r["id"], r["claimed_until"]) for r in rows] == [(asked_again.id, None)]
 
 
-async def test_a_claimed_batch_loads_its_jobs_in_one_statement(db, job_ids):
+async def test_a_claim_loads_its_jobs_and_says_when_to_wake_next(db, job_ids):
     async with db.acquire() as conn:
         for job in job_ids[:3]:
             await intents.request(conn, job, "settle")
-        batch = await intents.claim(conn, 10, 30)
-        loaded = await jobs.load_many(conn, [i.job_id for i in batch] + ["job_" + "0" * 24])
-        assert sorted(loaded) == sorted(job_ids[:3])  # unknown ids are simply absent
+        await intents.request(conn, job_ids[3], "submit")
+        await intents.request(conn, job_ids[4], "settle", delay_s=30)
+        claimed = await intents.claim(conn, 10, 30)
+        assert sorted(i.job_id for i in claimed.intents) == sorted(job_ids[:4])
+        # each settle's job, as `select *` reads it; not the submit's (its claim statement loads it)
+        loaded = {claimed_intent.job_id: claimed.jobs[claimed_intent.id] for claimed_intent in claimed.intents
+                  if claimed_intent.id in claimed.jobs}
+        assert sorted(loaded) == sorted(job_ids[:3])
         for job_id, row in loaded.items():
-            assert dict(row) == dict(await jobs.load(conn, job_id))
-        assert await jobs.load_many(conn, []) == {}
+            full = dict(await jobs.load(conn, job_id))
+            assert {k: row[k] for k in full} == full
+        # the next wake is the one intent not yet due (the claimed ones are left out)
+        later = await conn.fetchval("select not_before from outbox where job_id = $1", job_ids[4])
+        assert claimed.next_due == later
+        again = await intents.claim(conn, 10, 30, load_submits=True)
+        assert again.intents == [] and again.jobs == {} and again.next_due == later
+        await conn.execute("delete from outbox")
+        assert (await intents.claim(conn, 10, 30)).next_due is None
+
+
+async def test_a_capped_submit_is_claimed_with_its_job(db, job_ids):
+    async with db.acquire() as conn:
+        await intents.request(conn, job_ids[0], "submit")
+        claimed = await intents.claim(conn, 10, 30, load_submits=True)
+        [intent] = claimed.intents
+        assert claimed.jobs[intent.id]["id"] == job_ids[0]
+
+
+async def test_saving_a_task_deletes_the_submit_intent_it_was_claimed_by(db, job_ids):
+    job = job_ids[0]
+    async with db.acquire() as conn:
+        await intents.request(conn, job, "submit")
+        (claimed,) = (await intents.claim(conn, 10, lease_s=60)).intents
+        assert await jobs.begin_submit(conn, job)
+        saved = await jobs.save_task(conn, job, task_id="task-1", operation=None, webhook_secret=None,
+                                     callback_registered=False, first_check_after_s=30)
+        assert saved is jobs.Saved.RUNNING
+        kinds = [r["kind"] for r in await conn.fetch("select kind from outbox where job_id = $1", job)]
+        assert kinds == ["settle"]  # the submit is done: the step has nothing left to delete
+        assert await intents.finish_many(conn, [claimed]) == set()  # and a late delete is harmless

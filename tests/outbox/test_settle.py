@@ -139,6 +139,10 @@ async def test_download_failures_to_the_cap_fail_the_job_with_a_refund(web, make
     await wait_for_failed_attempt(db, created["id"])
     row = await db.fetchrow("select * from jobs where id = $1", created["id"])
     assert row["status"] == "running" and row["credits_charged"] == 0  # a failed download moves no money
+    # The check that found the task succeeded has its line, though no close carried it.
+    checked = await db.fetch("select detail from job_events where job_id = $1 and type = 'status_checked'",
+                             created["id"])
+    assert [r["detail"]["state"] for r in checked] == ["succeeded"]
     await _exhaust_next_attempt(db, created["id"])
     row = await wait_for_status(db, created["id"], "failed")
     assert row["error_code"] == "settle_exhausted" and row["credits_refunded"] == 10
@@ -160,6 +164,10 @@ async def test_an_expired_output_url_fails_output_expired_at_once_refunded(web, 
     assert "404" in row["error_message"], row["error_message"]  # the expired URL's answer, kept for operators
     assert row["credits_refunded"] == row["credits_reserved"] and row["credits_charged"] == 0
     assert await db.fetchval("select count(*) from assets where job_id = $1", created["id"]) == 0
+    # The closing check's line, written by the close, comes just before its `closed` line.
+    lines = await db.fetch("select type, detail from job_events where job_id = $1 order by id", created["id"])
+    assert [r["type"] for r in lines][-2:] == ["status_checked", "closed"]
+    assert lines[-2]["detail"]["state"] == "succeeded"
     await assert_money_balances(db)
 
 

@@ -83,16 +83,35 @@ async def test_the_statements_write_a_story_the_check_accepts(db, make_owner):
                                     callback_registered=False, first_check_after_s=30) is jobs.Saved.RUNNING
         await events.status_checked(conn, created.job_id, {"state": "running", "error": None})
         await events.status_checked(conn, created.job_id, {"state": "running", "error": None})  # said again: no line
+        # The check that closes the job: its line is written by the close, before the outputs.
         assert await jobs.close(conn, created.job_id, JobStatus.SUCCEEDED, charge=3,
                                 assets=[jobs.Asset(0, "k0", 100, SHA, "image/png"),
-                                        jobs.Asset(1, "k1", 200, "b" * 64, "image/png")])
+                                        jobs.Asset(1, "k1", 200, "b" * 64, "image/png")],
+                                checked={"state": "succeeded", "error": None})
         check = await invariants.timelines_tell_the_story(conn)
         lines = await events.timeline(conn, created.job_id)
     assert check.ok and check.checked == 1, check.violations
-    assert [r["type"] for r in lines] == ["created", "submit_sent", "task_saved", "status_checked", "output_stored",
-                                          "output_stored", "closed"]
+    assert [r["type"] for r in lines] == ["created", "submit_sent", "task_saved", "status_checked", "status_checked",
+                                          "output_stored", "output_stored", "closed"]
+    assert [r["detail"]["state"] for r in lines if r["type"] == "status_checked"] == ["running", "succeeded"]
     # broken by hand, the check says so
     await db.execute("delete from job_events where type = 'output_stored' and (detail->>'index')::int = 1")
     async with db.acquire() as conn:
         check = await invariants.timelines_tell_the_story(conn)
     assert not check.ok and "are not its outputs" in check.violations[0]
+
+
+async def test_a_closing_check_that_says_what_the_last_one_said_writes_no_line(db, make_owner):
+    owner = await make_owner(credits=100)
+    created = await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim",
+                                    model="image-fast", input={}, max_credits=10, give_up_after_s=3600)
+    failed = {"state": "failed", "error": "boom"}
+    async with db.acquire() as conn:
+        assert await jobs.begin_submit(conn, created.job_id)
+        await jobs.save_task(conn, created.job_id, task_id="task-1", operation=None, webhook_secret=None,
+                             callback_registered=False, first_check_after_s=30)
+        await events.status_checked(conn, created.job_id, failed)  # an earlier check whose close was lost
+        assert await jobs.close(conn, created.job_id, JobStatus.FAILED, error_code="provider_failed",
+                                error_message="boom", checked=failed)
+        lines = await events.timeline(conn, created.job_id)
+    assert [r["type"] for r in lines] == ["created", "submit_sent", "task_saved", "status_checked", "closed"]

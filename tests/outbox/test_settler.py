@@ -1,0 +1,106 @@
+"""The drain loop (outbox/settler.py): batches larger than its slots, run
+no more than `concurrency` at once, and claimed intents that never started
+given back on shutdown. Real PostgreSQL, a real settler on the test's loop."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from app.domain import jobs
+from app.vocabulary import IntentKind, JobStatus
+from outbox import intents
+from outbox import settler as settler_module
+from outbox.context import Context
+from outbox.outcome import DONE
+from outbox.settler import Settler
+
+
+class Watched(Settler):
+    """A settler that records how many steps ran at once and each claim's size."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.peak = 0
+        self.claims: list[int] = []
+
+    def _start(self, intent, job) -> None:
+        super()._start(intent, job)
+        self.peak = max(self.peak, len(self.running) - self.notifying)
+
+
+async def _no_op_intents(db, make_owner, n: int) -> list[str]:
+    """n cancelled jobs that never had a task, each with a cancel intent:
+    the cancel step loads the job and is done."""
+    owner = await make_owner(credits=n, max_active=n)
+    made = []
+    for _ in range(n):
+        created = await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim",
+                                        model="m", input={}, max_credits=1, give_up_after_s=3600)
+        async with db.acquire() as conn:
+            assert await jobs.close(conn, created.job_id, JobStatus.CANCELLED)
+            await conn.execute("insert into outbox (job_id, kind) values ($1, 'cancel')", created.job_id)
+        made.append(created.job_id)
+    return made
+
+
+async def _until(check, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_claim_takes_more_than_the_free_slots_and_no_more_than_concurrency_run(db, make_owner,
+                                                                                     make_settings, monkeypatch):
+    await _no_op_intents(db, make_owner, 40)
+    ctx = await Context.open(make_settings())
+    settler = Watched(ctx, 2, sweep_interval_s=0)
+    real_claim = intents.claim
+
+    async def claim(*args, **kwargs):
+        got = await real_claim(*args, **kwargs)
+        settler.claims.append(len(got.intents))
+        return got
+
+    monkeypatch.setattr(intents, "claim", claim)
+    task = asyncio.create_task(settler.run())
+    try:
+        await _until(lambda: db.fetchval("select not exists (select 1 from outbox)"))
+    finally:
+        settler.stop()
+        await asyncio.wait_for(task, 30)
+        await ctx.close()
+    assert settler.peak == 2  # never more steps at once than the concurrency
+    assert max(settler.claims) == 2 + settler.backlog == 8  # a batch: the free slots and the waiting room
+    assert sum(settler.claims) == 40
+
+
+async def test_claimed_intents_that_never_started_are_given_back_on_shutdown(db, make_owner, make_settings,
+                                                                             monkeypatch):
+    await _no_op_intents(db, make_owner, 10)
+    ctx = await Context.open(make_settings())
+    settler = Settler(ctx, 1, sweep_interval_s=0)
+    gate = asyncio.Event()
+    started: list[str] = []
+
+    async def held_step(ctx_, job_id, attempts, job=None):
+        started.append(job_id)
+        await gate.wait()  # the one slot stays busy: the rest of the batch waits
+        return DONE
+
+    monkeypatch.setitem(settler_module.STEPS, IntentKind.CANCEL, held_step)
+    task = asyncio.create_task(settler.run())
+    try:
+        await _until(lambda: db.fetchval("select count(*) = 4 from outbox where claimed_until is not null"))
+        assert len(started) == 1 and len(settler.waiting) == 3  # one running, three claimed and waiting
+        settler.stop()
+        await asyncio.sleep(0.1)
+        gate.set()  # the running one finishes within the grace
+        await asyncio.wait_for(task, 30)
+    finally:
+        gate.set()
+        await ctx.close()
+    rows = await db.fetch("select claimed_until from outbox")
+    # the finished one is deleted; the three that waited are due again at once, unleased
+    assert len(rows) == 9 and all(r["claimed_until"] is None for r in rows)
+    assert len(started) == 1
