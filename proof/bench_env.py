@@ -118,6 +118,7 @@ class Env:
         self.logs = self.root / "logs"
         self.objects = self.root / "objects"
         self._procrastinate_schema = False
+        self.extra_env: dict[str, str] = {}  # settings the web tier runs with now (bench.py's configured e2e row)
 
     # -- lifecycle ---------------------------------------------------------------
     async def open(self) -> None:

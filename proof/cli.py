@@ -20,8 +20,9 @@ from proof import BENCH_GROUPS
 
 INSTALL = "pip install 'longcall[proof]'"
 # What the `proof` extra installs (pyproject.toml) and the bench imports:
-# psutil for CPU and memory figures, procrastinate (on psycopg) as a baseline.
-BENCH_NEEDS = ("psutil", "procrastinate", "psycopg")
+# psutil for CPU and memory figures, procrastinate (on psycopg) and a DBOS
+# Transact application (proof/peer_dbos.py, on FastAPI) as baselines.
+BENCH_NEEDS = ("psutil", "procrastinate", "psycopg", "dbos", "fastapi")
 
 
 def require_extra(command: str, modules: Iterable[str]) -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 from proof.bench import GROUPS, fmt
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ROW_KEYS = {"ingest", "ingest_latency", "create", "reads", "reads_latency", "drain", "e2e", "e2e_latency",
-            "idle", "sweep", "rss", "http"}
+ROW_KEYS = {"ingest", "ingest_latency", "create", "reads", "reads_latency", "drain", "e2e", "e2e_owners",
+            "e2e_cpu", "e2e_statements", "e2e_configured", "e2e_latency", "e2e_latency_low", "idle", "sweep",
+            "rss", "http"}
 # Baselines that may honestly read zero in a 2-second window: an idle
 # procrastinate worker polls every 5 s.
 MAY_BE_ZERO = {("idle", "procrastinate idle worker")}
