@@ -33,3 +33,25 @@ def backoff(attempt: int, *, base_s: float = 1.0, cap_s: float = 300.0,
 
 def exhausted(kind: IntentKind, attempts: int) -> bool:
     return attempts > MAX_ATTEMPTS[kind]
+
+
+# Claimed intents may wait in a settler for a free slot (a claim is a round
+# trip and a commit: fewer, larger claims drain short steps faster) only
+# while its steps are short. A long step (a provider call of seconds) would
+# hold the waiting ones from another settler that could start them now.
+SHORT_STEP_S = 0.05
+WAITING_PER_SLOT = 7
+
+
+def waiting_room(concurrency: int, mean_step_s: float | None) -> int:
+    """How many claimed intents may wait for a slot, given the settler's
+    recent mean step time (None: no step has finished yet)."""
+    if mean_step_s is None or mean_step_s > SHORT_STEP_S:
+        return 0
+    return WAITING_PER_SLOT * concurrency
+
+
+def mean_step_s(mean: float | None, took_s: float) -> float:
+    """The recent mean step time, an exponential moving average over about
+    the last twenty steps."""
+    return took_s if mean is None else 0.9 * mean + 0.1 * took_s

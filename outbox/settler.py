@@ -38,7 +38,7 @@ from outbox.submit import submit
 log = logging.getLogger("longcall.settler")
 
 STEPS = {IntentKind.SUBMIT: submit, IntentKind.SETTLE: settle, IntentKind.CANCEL: cancel}
-CLAIM_BATCH = 64
+CLAIM_BATCH = 128  # the most one claim takes (slots and waiting room), as one statement
 SHUTDOWN_GRACE_S = 25.0
 
 
@@ -59,9 +59,10 @@ class Settler:
         self.sweep_interval_s = ctx.settings.sweep_interval_s if sweep_interval_s is None else sweep_interval_s
         self.running: dict[int, tuple[intents.Intent, asyncio.Task]] = {}
         # Claimed (leased) intents waiting for a work slot, with their jobs'
-        # rows: a claim takes up to `backlog` more than the free slots.
+        # rows: while steps are short a claim takes more than the free slots
+        # (policy.waiting_room).
         self.waiting: collections.deque[tuple[intents.Intent, Any]] = collections.deque()
-        self.backlog = 3 * concurrency
+        self.mean_step_s: float | None = None
         self.wake = asyncio.Event()
         self.due_now = True  # scan once at start
         self.next_wake: float | None = None  # epoch seconds of the earliest known timer
@@ -167,7 +168,7 @@ class Settler:
                 # Claimed batches may be larger than the free slots: the rest
                 # wait here, leased, and start as slots free up, without a
                 # claim each (a claim is a round trip and a commit).
-                room = free + self.backlog - len(self.waiting)
+                room = free + self._waiting_room() - len(self.waiting)
                 if free <= 0:
                     self.due_now = True  # full: a finishing task asks for the next drain
                 if room <= 0 and free_notify <= 0:
@@ -190,6 +191,9 @@ class Settler:
                 if len(claimed.intents) < asked + asked_notify:
                     break
 
+    def _waiting_room(self) -> int:
+        return policy.waiting_room(self.concurrency, self.mean_step_s)
+
     def _start(self, intent: intents.Intent, job) -> None:
         if intent.kind is IntentKind.NOTIFY:
             self.notifying += 1
@@ -203,6 +207,7 @@ class Settler:
 
     async def _handle(self, intent: intents.Intent, job=None) -> None:
         outcome: Outcome
+        started = time.monotonic()
         try:
             if policy.exhausted(intent.kind, intent.attempts):
                 outcome = await self._exhaust(intent)
@@ -242,13 +247,15 @@ class Settler:
         finally:
             if self.running.pop(intent.id, None) is not None and intent.kind is IntentKind.NOTIFY:
                 self.notifying -= 1
+            if intent.kind is not IntentKind.NOTIFY:  # deliveries have slots (and no waiting room) of their own
+                self.mean_step_s = policy.mean_step_s(self.mean_step_s, time.monotonic() - started)
             self._start_waiting()
             # Claim again once a quarter of the slots (or of the waiting
             # room) are free, so claims stay batched under load, or when
             # the last one finished.
             free, free_notify = self._free_slots()
-            room = free + self.backlog - len(self.waiting)
-            if room >= max(1, (self.concurrency + self.backlog) // 4) \
+            room = free + self._waiting_room() - len(self.waiting)
+            if room >= max(1, (self.concurrency + self._waiting_room()) // 4) \
                     or free_notify >= max(1, self.notify_concurrency // 4) or not self.running:
                 self._due()
 

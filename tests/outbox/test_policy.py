@@ -40,3 +40,24 @@ def test_attempt_caps():
     assert not policy.exhausted("settle", policy.MAX_ATTEMPTS["settle"])
     assert policy.exhausted("settle", policy.MAX_ATTEMPTS["settle"] + 1)
     assert policy.exhausted("cancel", policy.MAX_ATTEMPTS["cancel"] + 1)
+
+
+@pytest.mark.parametrize(("concurrency", "mean", "room"), [
+    (16, None, 0),        # nothing finished yet: claim only what can start
+    (16, 0.001, 112),     # no-op steps: a batch of 8 x the slots
+    (16, 0.05, 112),      # at the limit
+    (16, 0.051, 0),       # longer steps: nothing waits (another settler may start them now)
+    (16, 30.0, 0),        # a provider call
+    (1, 0.01, 7),
+])
+def test_waiting_room(concurrency, mean, room):
+    assert policy.waiting_room(concurrency, mean) == room
+
+
+def test_mean_step_follows_the_recent_steps():
+    assert policy.mean_step_s(None, 2.0) == 2.0
+    mean = 2.0
+    for _ in range(60):
+        mean = policy.mean_step_s(mean, 0.001)
+    assert mean < policy.SHORT_STEP_S  # a settler whose steps became short gets its waiting room
+    assert policy.mean_step_s(0.01, 0.02) == pytest.approx(0.011)
