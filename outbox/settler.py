@@ -138,8 +138,14 @@ class Settler:
     async def _sleep(self, next_sweep: float | None) -> None:
         if self.due_now and self._has_free_slot():
             return
+        now = time.time()
         targets = [t for t in (self.next_wake, next_sweep) if t is not None]
-        timeout = max(0.0, min(targets) - time.time()) if targets else None
+        if not self._has_free_slot():
+            # Full: a due time already passed is work there is no slot for
+            # (a step that finishes asks for the next drain). Waking for it
+            # now would only claim nothing, again and again.
+            targets = [t for t in targets if t > now]
+        timeout = max(0.0, min(targets) - now) if targets else None
         self.wake.clear()
         # stop() may have set `wake` while we were draining: the clear above
         # must not swallow it (the next timer may be minutes away).
@@ -187,8 +193,13 @@ class Settler:
                     else:
                         self.waiting.append((intent, claimed.jobs.get(intent.id)))
                 self._start_waiting()
-                self.next_wake = _epoch(claimed.next_due)
                 if len(claimed.intents) < asked + asked_notify:
+                    # Nothing more to claim now: sleep until the next due
+                    # time. (After a full batch more may be due: the loop
+                    # claims again. A due time that passed while every slot
+                    # is taken is left out by _sleep: the steps that finish
+                    # ask for the next drain.)
+                    self.next_wake = _epoch(claimed.next_due)
                     break
 
     def _waiting_room(self) -> int:

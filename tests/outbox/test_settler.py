@@ -107,3 +107,41 @@ async def test_claimed_intents_that_never_started_are_given_back_on_shutdown(db,
     # the finished one is deleted; the seven that waited are due again at once, unleased
     assert len(rows) == 9 and all(r["claimed_until"] is None for r in rows)
     assert len(started) == 1
+
+
+async def test_a_full_settler_with_more_due_work_sleeps_until_a_slot_frees(db, make_owner, make_settings,
+                                                                          monkeypatch):
+    """Its slots and waiting room full and more intents due, the settler
+    waits for a step to finish: it does not drain again and again."""
+    await _no_op_intents(db, make_owner, 20)
+    ctx = await Context.open(make_settings())
+    settler = Settler(ctx, 1, sweep_interval_s=0)
+    gate = asyncio.Event()
+
+    async def held_step(ctx_, job_id, attempts, job=None):
+        await gate.wait()
+        return DONE
+
+    drains = 0
+    real_drain = settler._drain
+
+    async def drain():
+        nonlocal drains
+        drains += 1
+        await real_drain()
+
+    monkeypatch.setitem(settler_module.STEPS, IntentKind.CANCEL, held_step)
+    monkeypatch.setattr(settler, "_drain", drain)
+    task = asyncio.create_task(settler.run())
+    try:
+        await _until(lambda: db.fetchval("select count(*) = 1 from outbox where claimed_until is not null"))
+        before = drains
+        await asyncio.sleep(1.0)
+        assert drains - before <= 2, f"{drains - before} drains in a second while full"
+        gate.set()  # the slot frees: the rest drain
+        await _until(lambda: db.fetchval("select not exists (select 1 from outbox)"))
+    finally:
+        gate.set()
+        settler.stop()
+        await asyncio.wait_for(task, 30)
+        await ctx.close()
