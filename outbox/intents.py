@@ -192,6 +192,3 @@ async def retry(conn, intent: Intent, delay_s: float, *, failed: bool) -> asyncp
 
 async def release(conn, intent: Intent) -> None:
     await conn.execute(RELEASE, intent.id)
-
-
-

@@ -137,7 +137,9 @@ async def test_a_full_settler_with_more_due_work_sleeps_until_a_slot_frees(db, m
         await _until(lambda: db.fetchval("select count(*) = 1 from outbox where claimed_until is not null"))
         before = drains
         await asyncio.sleep(1.0)
-        assert drains - before <= 2, f"{drains - before} drains in a second while full"
+        # A spinning settler drains thousands of times a second; a listener
+        # reconnect or a lease renewal on a loaded machine may add a drain or two.
+        assert drains - before <= 10, f"{drains - before} drains in a second while full"
         gate.set()  # the slot frees: the rest drain
         await _until(lambda: db.fetchval("select not exists (select 1 from outbox)"))
     finally:
