@@ -92,10 +92,10 @@ Where the documents are silent, the choices here:
 """
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 import string
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -116,6 +116,8 @@ from app.simulator.wire import (
     dumps,
     parse_json,
     read_body,
+    sleep_for,
+    sleep_until,
 )
 
 PROTOCOL = "anthropic"
@@ -392,9 +394,11 @@ async def _stream(events: list[tuple[str, dict[str, Any]]], duration_s: float) -
     """The events, the text deltas spread evenly over `duration_s`."""
     deltas = sum(1 for name, _ in events if name == "content_block_delta")
     pause = duration_s / deltas
+    start, sent = time.monotonic(), 0
     for name, data in events:
         if name == "content_block_delta":
-            await asyncio.sleep(pause)
+            sent += 1
+            await sleep_until(start + sent * pause)  # its own deadline: early timers do not add up
         yield sse(name, data)
 
 
@@ -439,17 +443,17 @@ async def _work(sim: Simulator, call: Call, raw: bytes, request_id: str) -> Resp
     sim.count_sync_call(raw)  # the work starts: from here on the call was made
     duration_s = call.controls.duration_s
     if sim.fault("submit_timeout_after_create"):
-        await asyncio.sleep(duration_s)  # the work, whose answer never comes
+        await sleep_for(duration_s)  # the work, whose answer never comes
         return HoldThenDrop(sim.hold_s)
     if call.controls.outcome == "failed":
-        await asyncio.sleep(duration_s)
+        await sleep_for(duration_s)
         return _error(INVALID_REQUEST, "The simulated call failed (metadata.outcome: failed)", request_id)
     answer = plan_answer(call)
     message_id = new_id("msg_")
     if call.stream:
         return StreamingResponse(_stream(stream_events(message_id, call.model, answer), duration_s),
                                  media_type="text/event-stream", headers={"request-id": request_id})
-    await asyncio.sleep(duration_s)
+    await sleep_for(duration_s)
     return JSONResponse(message_view(message_id, call.model, answer), headers={"request-id": request_id})
 
 

@@ -179,6 +179,7 @@ from app.simulator.wire import (
     parse_json,
     read_body,
     server_base,
+    sleep_until,
 )
 
 PROTOCOL = "elevenlabs"
@@ -963,7 +964,7 @@ class AnswerAt(Response):
 
 
 async def _audio_at(at: float, audio: Audio) -> AsyncIterator[bytes]:
-    await asyncio.sleep(max(0.0, at - time.time()))
+    await sleep_until(at, time.time)
     for chunk in audio.chunks():
         yield chunk
 

@@ -83,7 +83,6 @@ and the official client openai-python (`types/chat/chat_completion.py`,
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import secrets
@@ -107,6 +106,8 @@ from app.simulator.wire import (
     dumps,
     parse_json,
     read_body,
+    sleep_for,
+    sleep_until,
 )
 
 PROTOCOL = "openai"
@@ -460,10 +461,11 @@ def sse_event(data: Any) -> bytes:
 
 async def _spread(chunks: list[dict[str, Any]], duration_s: float) -> AsyncIterator[bytes]:
     # The first chunk goes at once, the last at about `duration_s`, the others evenly between.
+    # Each chunk waits for its own deadline, so that early timers do not add up.
     gap = duration_s / max(len(chunks) - 1, 1)
+    start = time.monotonic()
     for i, chunk in enumerate(chunks):
-        if i:
-            await asyncio.sleep(gap)
+        await sleep_until(start + i * gap)
         yield sse_event(chunk)
     yield sse_event("[DONE]")
 
@@ -494,17 +496,17 @@ async def _work(sim: Simulator, call: ChatCall, raw: bytes) -> Response:
     sim.count_sync_call(raw)
     duration_s = call.controls.duration_s
     if sim.fault("submit_timeout_after_create"):
-        await asyncio.sleep(duration_s)
+        await sleep_for(duration_s)
         return HoldThenDrop(sim.hold_s)
     if call.controls.outcome == "failed":
-        await asyncio.sleep(duration_s)
+        await sleep_for(duration_s)
         return _error(400, error_body(FLAGGED, "invalid_request_error", None, "invalid_prompt"))
     id_, created = completion_id(), int(time.time())
     headers = {"x-request-id": request_id()}
     if call.stream:
         return StreamingResponse(_spread(chunks_of(call, id_, created), duration_s),
                                  media_type="text/event-stream; charset=utf-8", headers=headers)
-    await asyncio.sleep(duration_s)
+    await sleep_for(duration_s)
     return JSONResponse(completion_of(call, id_, created), headers=headers)
 
 

@@ -36,7 +36,6 @@ later answers point at /v1/trainings/{id}. Where the documents are silent:
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import bisect
@@ -67,6 +66,7 @@ from app.simulator.wire import (
     is_http_url,
     read_json,
     server_base,
+    sleep_until,
 )
 
 PROTOCOL = "replicate"
@@ -364,12 +364,8 @@ async def _create(request: Request, model: str | None) -> Response:
     if wait_s is None:
         return JSONResponse(prediction_view(task, time.time()), status_code=201)
     # Wait for the end or the limit, whichever comes first (a cancel in the
-    # meantime shows at the limit). The loop's timers may fire a hair early:
-    # sleep until the wall clock has passed the moment.
-    until = min(task.created_at + wait_s, task.finished_at)
-    await asyncio.sleep(max(0.0, until - time.time()))
-    if (left := until - time.time()) >= 0:
-        await asyncio.sleep(left + 0.001)
+    # meantime shows at the limit).
+    await sleep_until(min(task.created_at + wait_s, task.finished_at), time.time)
     return JSONResponse(prediction_view(task, time.time()), status_code=201,
                         headers={"preference-applied": f"wait={wait_s}"})
 

@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -132,6 +133,18 @@ class HoldThenDrop(Response):
             "headers": [(b"content-type", b"application/json"), (b"content-length", b"64")],
         })
         raise AbortConnection()
+
+
+async def sleep_until(deadline: float, clock: Callable[[], float] = time.monotonic) -> None:
+    """Sleep until `clock()` has reached `deadline`. The loop's timers may fire
+    a hair early (uvloop's run on a millisecond grid against a cached time),
+    and a `duration_s` is a promise: the answer never comes before it."""
+    while (left := deadline - clock()) > 0:  # noqa: ASYNC110 -- waits on a clock, not on a state an Event could signal
+        await asyncio.sleep(left)
+
+
+async def sleep_for(seconds: float) -> None:
+    await sleep_until(time.monotonic() + seconds)
 
 
 async def client_gone(receive: Receive) -> None:
