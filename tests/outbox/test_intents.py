@@ -24,18 +24,38 @@ async def job_ids(db, make_owner):
     return made
 
 
+class Heard(list):
+    """The payloads heard on the outbox channel, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = asyncio.Event()
+
+    def hear(self, payload: str) -> None:
+        self.append(payload)
+        self.arrived.set()
+
+
 @pytest.fixture
 async def notifications(migrated):
     conn = await asyncpg.connect(migrated)
-    got: list[str] = []
-    await conn.add_listener(OUTBOX_CHANNEL, lambda *args: got.append(args[3]))
+    got = Heard()
+    await conn.add_listener(OUTBOX_CHANNEL, lambda *args: got.hear(args[3]))
     yield got
     await conn.close()
 
 
-async def settle_notifications(got, before: int) -> list[str]:
-    await asyncio.sleep(0.2)
-    return got[before:]
+async def settle_notifications(conn, got, before: int) -> list[str]:
+    """What was heard since `before`: everything up to a marker sent now (the
+    listener hears NOTIFYs in commit order), so no sleep decides the answer."""
+    await conn.execute(f"select pg_notify('{OUTBOX_CHANNEL}', 'marker')")
+    async with asyncio.timeout(30):
+        while "marker" not in got[before:]:
+            got.arrived.clear()
+            await got.arrived.wait()
+    heard = got[before:]
+    got.remove("marker")
+    return heard[:heard.index("marker")]
 
 
 async def test_requests_coalesce_into_one_intent_keeping_the_earliest_time(db, job_ids, notifications):
@@ -55,13 +75,13 @@ async def test_notify_only_when_an_intent_becomes_due_sooner(db, job_ids, notifi
     job = job_ids[0]
     async with db.acquire() as conn:
         await intents.request(conn, job, "settle", delay_s=0)
-        first = await settle_notifications(notifications, 0)
+        first = await settle_notifications(conn, notifications, 0)
         assert first == [""]  # new and due now
         for _ in range(5):
             await intents.request(conn, job, "settle", delay_s=0)  # already due: no NOTIFY
-        assert await settle_notifications(notifications, 1) == []
+        assert await settle_notifications(conn, notifications, 1) == []
         await intents.request(conn, job_ids[1], "settle", delay_s=30)
-        timer = await settle_notifications(notifications, 1)
+        timer = await settle_notifications(conn, notifications, 1)
         assert len(timer) == 1 and float(timer[0]) > 0  # a timer: its due time
 
 
