@@ -11,6 +11,7 @@ from app.simulator import output_bytes_iter, output_sha256
 from app.simulator.controls import ControlError, Controls, parse_controls
 from app.simulator.faults import FaultError, Faults, draw_webhook_plan, parse_faults, roll
 from app.simulator.state import Phase, Task
+from app.simulator.wire import sleep_until
 
 
 def test_controls_default_when_absent_and_other_input_keys_are_ignored():
@@ -112,3 +113,17 @@ def test_output_bytes_generate_far_faster_than_hundreds_of_mb_per_second():
     elapsed = time.perf_counter() - start
     assert total == size
     assert size / elapsed > 300 * 1024 * 1024, f"{size / elapsed / 1e6:.0f} MB/s"
+
+
+async def test_sleep_until_sleeps_again_when_a_timer_fires_before_the_deadline():
+    # A clock that reads just short of the deadline after the first sleep (an
+    # early timer), then past it: two sleeps, and it returns only then.
+    readings = iter([0.0, 0.0019, 0.002, 0.002])
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(next(readings))
+        return reads[-1]
+
+    await sleep_until(0.002, clock)
+    assert reads == [0.0, 0.0019, 0.002]
