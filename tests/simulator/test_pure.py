@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import hashlib
 import random
-import time
 
 import pytest
 
 from app.simulator import output_bytes_iter, output_sha256
 from app.simulator.controls import ControlError, Controls, parse_controls
 from app.simulator.faults import FaultError, Faults, draw_webhook_plan, parse_faults, roll
+from app.simulator.outputs import _base_block
 from app.simulator.state import Phase, Task
 from app.simulator.wire import sleep_until
 
@@ -106,13 +106,15 @@ def test_output_bytes_are_deterministic_distinct_and_non_repeating():
     assert a[:65536] != a[65536:131072]  # blocks differ
 
 
-def test_output_bytes_generate_far_faster_than_hundreds_of_mb_per_second():
-    size = 512 * 1024 * 1024
-    start = time.perf_counter()
-    total = sum(len(chunk) for chunk in output_bytes_iter("sim_fast", 0, size))
-    elapsed = time.perf_counter() - start
-    assert total == size
-    assert size / elapsed > 300 * 1024 * 1024, f"{size / elapsed / 1e6:.0f} MB/s"
+def test_output_bytes_hash_once_per_output_and_come_in_mib_chunks():
+    # What keeps a 1 GiB output cheap to serve (its speed is `longcall bench`'s
+    # to measure, not a unit test's): one hash per output, not per block, and
+    # few large chunks for the socket.
+    size = 64 * 1024 * 1024 + 5
+    misses = _base_block.cache_info().misses
+    chunks = [len(chunk) for chunk in output_bytes_iter("sim_once", 0, size)]
+    assert _base_block.cache_info().misses == misses + 1
+    assert chunks == [1024 * 1024] * 64 + [5]
 
 
 async def test_sleep_until_sleeps_again_when_a_timer_fires_before_the_deadline():
