@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
@@ -284,6 +285,12 @@ def _cmd_serve(args) -> int:
 
 
 def _cmd_settler(args) -> int:
+    # A deploy may stop a settler that is still importing: that is a clean
+    # stop too (nothing is claimed yet), so the signal is only noted here
+    # until the settler's event loop takes SIGTERM and SIGINT over.
+    stops: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stops.append(signum))
     from outbox.settler import run_settler
 
     if args.concurrency < 1:
@@ -292,7 +299,8 @@ def _cmd_settler(args) -> int:
     from app.logs import configure_logging
 
     configure_logging(settings.log_level)
-    return run_event_loop(run_settler(settings, concurrency=args.concurrency, metrics_port=args.metrics_port))
+    return run_event_loop(run_settler(settings, concurrency=args.concurrency, metrics_port=args.metrics_port,
+                                      stopped_before_start=lambda: bool(stops)))
 
 
 def run_event_loop(main) -> int:

@@ -18,6 +18,7 @@ import datetime as dt
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from app.capacity import capped_providers, is_capped
@@ -357,14 +358,37 @@ async def _serve_metrics(pool, port: int, caps) -> None:
     await server.serve()
 
 
-async def run_settler(settings: Settings, *, concurrency: int = 16, metrics_port: int | None = None) -> int:
-    ctx = await Context.open(settings, pool_size=min(concurrency + 4, 50))
+async def run_settler(settings: Settings, *, concurrency: int = 16, metrics_port: int | None = None,
+                      stopped_before_start: Callable[[], bool] = lambda: False) -> int:
+    """Run until SIGTERM or SIGINT, then drain the claims and return 0.
+
+    A stop that comes while the settler is still starting (`stopped_before_start`
+    says whether one came before the event loop took the signals over; one
+    during the connect cancels it) is a clean exit too: nothing is claimed yet.
+    """
+    loop = asyncio.get_running_loop()
+    starting = asyncio.current_task()
+    settler: Settler | None = None
+
+    def stop() -> None:
+        if settler is not None:
+            settler.stop()
+        elif starting is not None:
+            starting.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    if stopped_before_start():
+        log.info("settler stopped before it started")
+        return 0
+    try:
+        ctx = await Context.open(settings, pool_size=min(concurrency + 4, 50))
+    except asyncio.CancelledError:
+        log.info("settler stopped before it started")
+        return 0
     metrics_task = (asyncio.create_task(_serve_metrics(ctx.pool, metrics_port, capped_providers(settings)))
                     if metrics_port else None)
     settler = Settler(ctx, concurrency)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, settler.stop)
     log.info("settler started", extra={"concurrency": concurrency})
     try:
         await settler.run()

@@ -40,6 +40,21 @@ async def wait_for_status(pool, job_id: str, statuses, timeout: float = 20.0) ->
         await asyncio.sleep(0.05)
 
 
+async def wait_for_settlers(pool, count: int, timeout: float = 30.0) -> None:
+    """Until `count` settler processes listen on this database: each has
+    taken its signals over by then, and a test of two processes races two."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listening = await pool.fetchval(
+            "select count(*) from pg_stat_activity"
+            " where datname = current_database() and application_name = 'longcall-settler-listen'")
+        if listening >= count:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{listening} of {count} settlers listening after {timeout}s")
+        await asyncio.sleep(0.05)
+
+
 async def assert_money_balances(pool) -> None:
     """DESIGN.md's money invariants, from the database."""
     bad = await pool.fetch("""

@@ -18,7 +18,7 @@ from app.config import load_settings
 from app.models_file import parse
 from app.vocabulary import JobError, JobStatus
 from outbox import decide
-from tests.outbox.conftest import assert_money_balances, wait_for_status
+from tests.outbox.conftest import assert_money_balances, wait_for_settlers, wait_for_status
 from tests.outbox.test_races import env_of, settler_process
 from tests.providers.scripted import Script
 from tests.support.loopback import LoopbackServer
@@ -94,6 +94,7 @@ async def test_two_settler_processes_never_exceed_a_cap_of_3_and_all_30_jobs_suc
     watcher = asyncio.create_task(_peak_submitted(db, "sim", stop))
     started = time.monotonic()
     try:
+        await wait_for_settlers(db, 2)
         async with server.client(owner.api_key) as c:
             ids = [(await c.post("/v1/jobs", json={"provider": "sim", "model": "m", "max_credits": 5,
                                                    "input": {"duration_s": 0.5}})).json()["id"]

@@ -4,7 +4,12 @@ given back on shutdown. Real PostgreSQL, a real settler on the test's loop."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from app.domain import jobs
 from app.vocabulary import IntentKind, JobStatus
@@ -13,6 +18,14 @@ from outbox import settler as settler_module
 from outbox.context import Context
 from outbox.outcome import DONE
 from outbox.settler import Settler
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def env_of_settler(database_url: str, tmp_path) -> dict:
+    return {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "DATABASE_URL": database_url,
+            "SECRET_KEY": "test-secret-key-0123456789", "STORAGE_URL": f"file://{tmp_path}/objects",
+            "LOG_LEVEL": "WARNING"}
 
 
 class Watched(Settler):
@@ -147,3 +160,33 @@ async def test_a_full_settler_with_more_due_work_sleeps_until_a_slot_frees(db, m
         settler.stop()
         await asyncio.wait_for(task, 30)
         await ctx.close()
+
+
+async def test_a_settler_stopped_while_it_connects_exits_cleanly(tmp_path):
+    """A deploy may stop a settler before it is up: SIGTERM while it waits on
+    a database that accepts the connection and never answers is a clean exit
+    (0, nothing was claimed), not death by the signal (-15)."""
+    connected = asyncio.Event()
+    held = []
+
+    async def silent(reader, writer):
+        held.append(writer)
+        connected.set()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    env = env_of_settler(f"postgresql://longcall@127.0.0.1:{port}/longcall", tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "app", "settler"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        await asyncio.wait_for(connected.wait(), timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        returncode = await asyncio.to_thread(proc.wait, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for writer in held:
+            writer.close()
+        server.close()
+    assert returncode == 0, proc.stderr.read().decode()
