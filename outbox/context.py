@@ -2,6 +2,7 @@
 storage, the secret box, metrics. Opened once per settler process."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import shutil
@@ -38,9 +39,17 @@ class Context:
     endpoint_places: HostLimiter
 
     @classmethod
-    async def open(cls, settings: Settings, *, pool_size: int = 10,
-                   provider_timeout_s: float | None = None) -> Context:
+    async def open(cls, settings: Settings, *, pool_size: int = 10, provider_timeout_s: float | None = None,
+                   connect_all: bool = False) -> Context:
+        """`connect_all`: open the whole pool now rather than on demand, so the
+        first jobs after a start do not each wait on a new connection (a fresh
+        settler's first jobs are the slowest it settles: `longcall bench`, the
+        e2e latency notes). They are opened, not kept: as before, one idle for
+        five minutes (asyncpg's default) closes, down to one."""
         pool = await db.create_pool(settings.dsn, role="settler", min_size=1, max_size=pool_size)
+        if connect_all:
+            for conn in await asyncio.gather(*(pool.acquire() for _ in range(pool_size))):
+                await pool.release(conn)
         _remove_orphaned_download_dirs()
         download_dir = os.path.join(tempfile.gettempdir(), f"{DOWNLOAD_DIR_PREFIX}{os.getpid()}")
         os.makedirs(download_dir, exist_ok=True)

@@ -382,7 +382,7 @@ async def run_settler(settings: Settings, *, concurrency: int = 16, metrics_port
         log.info("settler stopped before it started")
         return 0
     try:
-        ctx = await Context.open(settings, pool_size=min(concurrency + 4, 50))
+        ctx = await Context.open(settings, pool_size=min(concurrency + 4, 50), connect_all=True)
     except asyncio.CancelledError:
         log.info("settler stopped before it started")
         return 0
