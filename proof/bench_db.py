@@ -144,23 +144,33 @@ async def _count_jobs(url: str) -> int:
         await conn.close()
 
 
-async def procrastinate_latency(url: str, rate: float, duration_s: float, concurrency: int) -> dict:
+async def procrastinate_latency(url: str, rate: float, duration_s: float, concurrency: int,
+                                warmup_s: float) -> dict:
     """defer → no-op task finished, at a fixed rate, with a worker already
-    waiting (LISTEN/NOTIFY on): p50/p99 in ms."""
+    waiting (LISTEN/NOTIFY on), after warmup_s of the same load not counted
+    (as ours has): p50/p99 in ms."""
     await ensure_procrastinate_schema(url)
     await _empty_queue(url)
     app, noop, seen = _procrastinate_app(url)
-    async with app.open_async():
-        worker = asyncio.create_task(app.run_worker_async(
-            queues=["bench"], concurrency=concurrency, install_signal_handlers=False, delete_jobs="successful"))
-        await asyncio.sleep(0.5)
-        n = int(rate * duration_s)
+
+    async def paced(n: int) -> None:
         t0 = time.perf_counter()
         for i in range(n):
             wait = t0 + i / rate - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
             await noop.defer_async(sent_at=time.time())
+
+    async with app.open_async():
+        worker = asyncio.create_task(app.run_worker_async(
+            queues=["bench"], concurrency=concurrency, install_signal_handlers=False, delete_jobs="successful"))
+        await asyncio.sleep(0.5)
+        warm_n = max(1, int(rate * warmup_s))
+        await paced(warm_n)
+        await seen.wait_for(warm_n, 30)
+        seen.latencies.clear()
+        n = int(rate * duration_s)
+        await paced(n)
         await seen.wait_for(n, 30)
         worker.cancel()
         with contextlib.suppress(BaseException):
