@@ -28,7 +28,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from app.vocabulary import NotificationType
+from app.vocabulary import EventType, IntentKind, NotificationType
+from outbox import intents
 from proof import BENCH_GROUPS, bench_db
 from proof.bench_baseline import CREATE_TABLE
 from proof.bench_baseline import TABLE as HOOK_TABLE
@@ -207,6 +208,34 @@ async def _floor(env: Env, p: Params, rate: float | None = None) -> tuple[dict, 
     return endpoint, raw
 
 
+# The webhook's one write (outbox/intents.REQUEST) with its NOTIFY left
+# unsent (the same payload computed, not sent): DESIGN puts the NOTIFY in the
+# writer's transaction, and NOTIFY takes a cluster-wide lock through commit.
+REQUEST_UNNOTIFIED = intents.REQUEST.replace("then pg_notify(", "then concat(")
+
+
+async def _webhook_write_probe(env: Env, p: Params) -> list[str]:
+    """The ingest row's limit, measured: our webhook's write alone over raw
+    asyncpg (the floor's 20 connections, each statement a running job's
+    first webhook: its 30 s timer moved to now), as written and without
+    its NOTIFY; PostgreSQL CPU per statement for each."""
+    if REQUEST_UNNOTIFIED == intents.REQUEST:
+        raise RuntimeError("the webhook write's NOTIFY was not found in outbox/intents.REQUEST")
+    owner = await env.owner(name="probe")
+    # Half the window: even unnotified the statement stays within max_rate.
+    duration_s = p.duration_s / 2
+    n = int(p.max_rate * (duration_s + p.warmup_s))
+    notes = []
+    for label, sql in (("as written", intents.REQUEST), ("without its NOTIFY", REQUEST_UNNOTIFIED)):
+        job_ids = await env.insert_jobs(owner, n, "running", intent="settle", intent_delay_s=30)
+        got = await bench_db.raw_statement_rate(
+            env.url, sql, [(j, IntentKind.SETTLE, 0.0, EventType.WEBHOOK_ACCEPTED) for j in job_ids],
+            connections=20, duration_s=duration_s, warmup_s=p.warmup_s, n_items=n, cpu=env.postgres_cpu)
+        cpu_us = got["cpu_s"] / max(got["total_sent"], 1) * 1e6
+        notes.append(f"{label} {got['rate']:,.0f}/s, PostgreSQL {cpu_us:,.0f} µs per statement")
+    return ["our webhook write alone (raw asyncpg, 20 connections): " + "; ".join(notes)]
+
+
 # --- rows -----------------------------------------------------------------------------
 
 async def bench_ingest(env: Env, p: Params) -> list[Row]:
@@ -249,6 +278,7 @@ async def bench_ingest(env: Env, p: Params) -> list[Row]:
     due_now = await env.pool.fetchval("select count(*) from outbox where not_before <= now()")
     notes.append(f"path measured: valid t/v1 webhook, the job's first (its 30 s timer moved to now + NOTIFY); "
                  f"{due_now} intents made due in the last round; {p.connections} keep-alive connections")
+    notes += await _webhook_write_probe(env, p)
     return [
         Row("ingest", "ingest", "webhook ingest, max req/s", "/s", ours, [floor, raw], "≥ 3,000/s and ≥ 0.6×",
             lambda row: row.ours.median >= 3000 and row.ratios()[0] >= 0.6, notes, others),

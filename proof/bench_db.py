@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 import asyncpg
 
@@ -16,18 +17,27 @@ SKIP_LOCKED_BATCH = 500
 
 
 async def raw_statement_rate(url: str, sql: str, args: list[tuple], *, connections: int,
-                             duration_s: float, warmup_s: float, rate: float | None = None) -> dict:
+                             duration_s: float, warmup_s: float, rate: float | None = None,
+                             n_items: int = 10**9, cpu: Callable[[], float] | None = None) -> dict:
     """One statement per call, autocommit, `connections` at once: closed loop
-    (rate None) or open loop at `rate`."""
+    (rate None) or open loop at `rate`; `args` are taken in turn, round
+    again unless `n_items` stops at their end. With `cpu` (the server's CPU
+    seconds so far), `cpu_s` is what the run cost it, read while its
+    backends are still alive."""
     pool = await asyncpg.create_pool(url, min_size=connections, max_size=connections)
     try:
         async def call(i: int) -> int:
             await pool.execute(sql, *args[i % len(args)])
             return 200
 
+        cpu0 = cpu() if cpu else 0.0
         if rate is None:
-            return await run_closed(call, 10**9, connections, duration_s, warmup_s)
-        return await run_open(call, 10**9, connections, duration_s, warmup_s, rate)
+            got = await run_closed(call, n_items, connections, duration_s, warmup_s)
+        else:
+            got = await run_open(call, n_items, connections, duration_s, warmup_s, rate)
+        if cpu:
+            got["cpu_s"] = cpu() - cpu0
+        return got
     finally:
         await pool.close()
 
