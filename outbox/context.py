@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import shutil
 import tempfile
@@ -21,6 +22,8 @@ from app.providers import build_providers, close_providers
 from app.providers.base import Provider, ProviderFacts
 from app.signing.secretbox import SecretBox
 from app.storage import Storage, open_storage
+
+log = logging.getLogger("longcall.settler")
 
 
 @dataclass
@@ -45,11 +48,22 @@ class Context:
         first jobs after a start do not each wait on a new connection (a fresh
         settler's first jobs are the slowest it settles: `longcall bench`, the
         e2e latency notes). They are opened, not kept: as before, one idle for
-        five minutes (asyncpg's default) closes, down to one."""
+        five minutes (asyncpg's default) closes, down to one. Best effort: a
+        server that refuses some (`max_connections`, a role's connection
+        limit) leaves them to be opened on demand, as without `connect_all`;
+        only the first connection is required."""
         pool = await db.create_pool(settings.dsn, role="settler", min_size=1, max_size=pool_size)
         if connect_all:
-            for conn in await asyncio.gather(*(pool.acquire() for _ in range(pool_size))):
-                await pool.release(conn)
+            opened = await asyncio.gather(*(pool.acquire() for _ in range(pool_size)), return_exceptions=True)
+            refused = [c for c in opened if isinstance(c, Exception)]
+            for conn in opened:
+                if not isinstance(conn, BaseException):
+                    await pool.release(conn)
+            if refused:
+                # Class names only: a driver's message is not ours to vouch for.
+                log.warning("could not open the whole pool at start; the rest open on demand",
+                            extra={"opened": pool_size - len(refused), "size": pool_size,
+                                   "error": ", ".join(sorted({type(e).__name__ for e in refused}))})
         _remove_orphaned_download_dirs()
         download_dir = os.path.join(tempfile.gettempdir(), f"{DOWNLOAD_DIR_PREFIX}{os.getpid()}")
         os.makedirs(download_dir, exist_ok=True)

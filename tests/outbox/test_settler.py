@@ -4,8 +4,10 @@ given back on shutdown. Real PostgreSQL, a real settler on the test's loop."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import time
+import urllib.parse
 
 from app.domain import jobs
 from app.vocabulary import IntentKind, JobStatus
@@ -194,3 +196,29 @@ async def test_a_settler_opens_its_whole_pool_before_it_listens(db, make_setting
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
     assert pooled == 8 + 4
+
+
+async def test_a_settler_starts_on_the_connections_the_server_allows_when_it_refuses_the_whole_pool(
+        db, migrated, make_settings, caplog):
+    """A server that refuses part of the pool (here a role's connection
+    limit of 3 under a pool of 8) does not stop a start: the settler keeps
+    what opened, says so, and opens the rest on demand."""
+    role = "longcall_test_three_connections"
+    await db.execute(f"drop role if exists {role}")
+    await db.execute(f"create role {role} login password 'three' connection limit 3")
+    url = urllib.parse.urlsplit(migrated)
+    dsn = url._replace(netloc=f"{role}:three@{url.hostname}:{url.port}").geturl()
+    try:
+        with caplog.at_level(logging.WARNING, logger="longcall.settler"):
+            context = await Context.open(make_settings(DATABASE_URL=dsn), pool_size=8, connect_all=True)
+        try:
+            assert await context.pool.fetchval("select 1") == 1
+            connected = await db.fetchval("select count(*) from pg_stat_activity where usename = $1", role)
+        finally:
+            await context.close()
+    finally:
+        await db.execute(f"drop role {role}")
+    assert connected == 3
+    [record] = [r for r in caplog.records if "could not open the whole pool" in r.getMessage()]
+    assert (record.opened, record.size) == (3, 8)
+    assert "three" not in record.getMessage() + str(record.error)
