@@ -55,7 +55,7 @@ class Context:
         pool = await db.create_pool(settings.dsn, role="settler", min_size=1, max_size=pool_size)
         if connect_all:
             opened = await asyncio.gather(*(pool.acquire() for _ in range(pool_size)), return_exceptions=True)
-            refused = [c for c in opened if isinstance(c, Exception)]
+            refused = [c for c in opened if isinstance(c, BaseException)]
             for conn in opened:
                 if not isinstance(conn, BaseException):
                     await pool.release(conn)
