@@ -208,17 +208,19 @@ async def _floor(env: Env, p: Params, rate: float | None = None) -> tuple[dict, 
     return endpoint, raw
 
 
-# The webhook's one write (outbox/intents.REQUEST) with its NOTIFY left
-# unsent (the same payload computed, not sent): DESIGN puts the NOTIFY in the
-# writer's transaction, and NOTIFY takes a cluster-wide lock through commit.
+# The webhook's one write (outbox/intents.REQUEST_UNFLUSHED) and the same
+# statement as every other request commits it (REQUEST: waiting for the WAL
+# flush), with and without its NOTIFY (the same payload computed, not sent):
+# NOTIFY takes a cluster-wide lock held through the commit.
 REQUEST_UNNOTIFIED = intents.REQUEST.replace("then pg_notify(", "then concat(")
 
 
 async def _webhook_write_probe(env: Env, p: Params) -> list[str]:
     """The ingest row's limit, measured: our webhook's write alone over raw
     asyncpg (the floor's 20 connections, each statement a running job's
-    first webhook: its 30 s timer moved to now), as written and without
-    its NOTIFY; PostgreSQL CPU per statement for each."""
+    first webhook: its 30 s timer moved to now), as written, waiting for
+    the WAL flush, and waiting without its NOTIFY; PostgreSQL CPU per
+    statement for each."""
     if REQUEST_UNNOTIFIED == intents.REQUEST:
         raise RuntimeError("the webhook write's NOTIFY was not found in outbox/intents.REQUEST")
     owner = await env.owner(name="probe")
@@ -226,7 +228,9 @@ async def _webhook_write_probe(env: Env, p: Params) -> list[str]:
     duration_s = p.duration_s / 2
     n = int(p.max_rate * (duration_s + p.warmup_s))
     notes = []
-    for label, sql in (("as written", intents.REQUEST), ("without its NOTIFY", REQUEST_UNNOTIFIED)):
+    for label, sql in (("as written (commit not waiting for the WAL flush)", intents.REQUEST_UNFLUSHED),
+                       ("waiting for the flush", intents.REQUEST),
+                       ("waiting, without its NOTIFY", REQUEST_UNNOTIFIED)):
         job_ids = await env.insert_jobs(owner, n, "running", intent="settle", intent_delay_s=30)
         got = await bench_db.raw_statement_rate(
             env.url, sql, [(j, IntentKind.SETTLE, 0.0, EventType.WEBHOOK_ACCEPTED) for j in job_ids],
@@ -276,7 +280,8 @@ async def bench_ingest(env: Env, p: Params) -> list[Row]:
         if r == 0:
             notes += [f"ours {cpu_note(got)}", f"minimal endpoint {cpu_note(endpoint)}"]
     due_now = await env.pool.fetchval("select count(*) from outbox where not_before <= now()")
-    notes.append(f"path measured: valid t/v1 webhook, the job's first (its 30 s timer moved to now + NOTIFY); "
+    notes.append(f"path measured: valid t/v1 webhook, the job's first (its 30 s timer moved to now + NOTIFY, "
+                 "committed without waiting for the WAL flush); "
                  f"{due_now} intents made due in the last round; {p.connections} keep-alive connections")
     notes += await _webhook_write_probe(env, p)
     return [

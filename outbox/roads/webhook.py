@@ -54,8 +54,11 @@ async def accept(pool, provider: Provider, secretbox: SecretBox, keys: Sequence[
         if not provider.is_final_webhook(webhook):
             return True  # accepted; the end will come (its own webhook, or a timer)
         # One statement: requested only if the job is still open (closed
-        # while we verified: nothing to do).
-        return await intents.request(pool, job_id, IntentKind.SETTLE, line=EventType.WEBHOOK_ACCEPTED)
+        # while we verified: nothing to do). Its commit does not wait for the
+        # disk: lost in a database crash, it is a lost webhook, which the
+        # job's own timer recovers (outbox/intents.REQUEST_UNFLUSHED).
+        return await intents.request(pool, job_id, IntentKind.SETTLE, line=EventType.WEBHOOK_ACCEPTED,
+                                     wait_for_flush=False)
     async with pool.acquire() as conn, conn.transaction():
         # The claim and its settle request together (the claim's statement
         # re-checks the job under its row lock).

@@ -85,6 +85,41 @@ async def test_notify_only_when_an_intent_becomes_due_sooner(db, job_ids, notifi
         assert len(timer) == 1 and float(timer[0]) > 0  # a timer: its due time
 
 
+async def test_an_unflushed_request_commits_without_waiting_for_the_flush_and_only_that_once(db, job_ids,
+                                                                                             notifications):
+    """REQUEST_UNFLUSHED (a webhook's) turns synchronous_commit off for its
+    own transaction; REQUEST commits under the session's setting. Both
+    write, coalesce and notify alike, and neither changes the session."""
+    async with db.acquire() as conn:
+        await conn.execute("set synchronous_commit = on")  # the test cluster's default is off
+        try:
+            unflushed = await conn.fetchrow(intents.REQUEST_UNFLUSHED, job_ids[0], "settle", 0.0, None)
+            assert unflushed["synchronous_commit"] == "off"
+            assert await conn.fetchval("show synchronous_commit") == "on"
+            flushed = await conn.fetchrow(intents.REQUEST, job_ids[1], "settle", 0.0, None)
+            assert flushed["synchronous_commit"] == "on"
+            assert await settle_notifications(conn, notifications, 0) == ["", ""]  # each new and due now
+            assert await intents.request(conn, job_ids[0], "settle", wait_for_flush=False) is True
+            assert await conn.fetchval("select generation from outbox where job_id = $1", job_ids[0]) == 1
+        finally:
+            await conn.execute("reset synchronous_commit")
+
+
+async def test_an_unflushed_request_is_refused_inside_a_transaction_and_writes_nothing(db, job_ids):
+    """Inside a transaction its setting would cover everything else the
+    transaction writes (a webhook's task claim, say)."""
+    async with db.acquire() as conn:
+        await conn.execute("set synchronous_commit = on")
+        try:
+            async with conn.transaction():
+                with pytest.raises(ValueError, match="unflushed"):
+                    await intents.request(conn, job_ids[0], "settle", wait_for_flush=False)
+                assert await conn.fetchval("select current_setting('synchronous_commit')") == "on"
+        finally:
+            await conn.execute("reset synchronous_commit")
+        assert await conn.fetchval("select count(*) from outbox") == 0
+
+
 async def test_a_request_while_claimed_is_not_lost(db, job_ids):
     job = job_ids[0]
     async with db.acquire() as conn:

@@ -287,6 +287,26 @@ async def test_a_genuine_sim_webhook_is_accepted_and_only_asks_for_a_settle(worl
         assert after[table] == before[table]
 
 
+async def test_an_accepted_webhooks_request_does_not_wait_for_the_wal_flush(world, monkeypatch):
+    """The plain accept path asks for its settle with the unflushed write
+    (outbox/intents.REQUEST_UNFLUSHED): lost in a database crash it is a lost
+    webhook, which the job's timer recovers. Recorded around the real call."""
+    from outbox import intents
+
+    asked, real = [], intents.request
+
+    async def recording(*args, **kw):
+        asked.append(kw.get("wait_for_flush", True))
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(intents, "request", recording)
+    async with httpx.AsyncClient(base_url=world.url) as anon:
+        r = await anon.post(world.path(world.other), content=BODY,
+                            headers=tv1_headers(world.secrets[world.other], BODY))
+    assert r.status_code == 204, r.text
+    assert asked == [False]
+
+
 @pytest.mark.parametrize("chunked", [False, True], ids=["with_content_length", "chunked"])
 async def test_oversized_webhook_is_413_and_writes_nothing(world, chunked):
     big = b'{"pad": "' + b"x" * MAX_BODY + b'"}'
