@@ -68,11 +68,12 @@ REQUEST = _REQUEST.replace(":commit", "current_setting('synchronous_commit')")
 # request whose loss costs only time: a webhook's. NOTIFY's cluster-wide lock
 # is held from before the commit record until the commit returns, so with
 # the flush inside it every notifying commit waits for the one before it to
-# reach the disk (measured: the webhook write alone 2,642/s waiting, 5,729/s
-# not; `longcall bench --only ingest`). If PostgreSQL crashes within the
-# flush delay (wal_writer_delay, 200 ms by default) an accepted webhook's
-# request is lost, which is a lost webhook: the job's own durable timer (the
-# lost-webhook check) still settles it, and the settle re-asks the provider.
+# reach the disk (measured: the webhook write alone 2,543/s waiting, 5,849/s
+# not; `longcall bench --only ingest`). If PostgreSQL crashes within an
+# asynchronous commit's risk window (at most 3 × wal_writer_delay) an
+# accepted webhook's request is lost, which is a lost webhook: the job's own
+# durable timer (the lost-webhook check) still settles it, and the settle
+# re-asks the provider.
 # Local to the statement's transaction: only on an autocommit call.
 REQUEST_UNFLUSHED = _REQUEST.replace(":commit", "set_config('synchronous_commit', 'off', true)")
 
