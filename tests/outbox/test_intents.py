@@ -85,8 +85,8 @@ async def test_notify_only_when_an_intent_becomes_due_sooner(db, job_ids, notifi
         assert len(timer) == 1 and float(timer[0]) > 0  # a timer: its due time
 
 
-async def test_an_unflushed_request_commits_without_waiting_for_the_flush_and_only_that_once(db, job_ids,
-                                                                                             notifications):
+async def test_an_unflushed_request_commits_without_waiting_for_the_flush_and_leaves_the_session_as_it_was(
+        db, job_ids, notifications):
     """REQUEST_UNFLUSHED (a webhook's) turns synchronous_commit off for its
     own transaction; REQUEST commits under the session's setting. Both
     write, coalesce and notify alike, and neither changes the session."""
