@@ -169,12 +169,20 @@ class WebhookRequest:
     job_secret: str | None = None
 
 
+# Webhook schemes whose verify never waits on the network: keyed with the
+# job's own secret (t/v1), our capability token (capability-url), or nothing
+# to verify (none). The receiver may hold one database connection across
+# such a verify; the others may fetch keys (fal's JWKS, Replicate's secret)
+# and must not. A scheme not listed here is treated as one that may.
+OFFLINE_WEBHOOK_SCHEMES = frozenset({"t/v1", "capability-url", "none"})
+
+
 @dataclass(frozen=True)
 class ProviderFacts:
     """The pure facts the settler and the receiver need about a provider."""
 
     name: str
-    webhook_scheme: str  # "t/v1", "standard-webhooks", "ed25519-jwks", "capability-url"
+    webhook_scheme: str  # "t/v1", "standard-webhooks", "ed25519-jwks", "capability-url", "none"
     idempotent_submit: bool  # the same idempotency key returns the same task
     can_find: bool  # find() can look a task up by our job id
     # Lost-webhook check: with a webhook registered, ask the provider anyway

@@ -307,6 +307,28 @@ async def test_an_accepted_webhooks_request_does_not_wait_for_the_wal_flush(worl
     assert asked == [False]
 
 
+async def test_a_webhook_verified_offline_takes_one_pool_checkout(world, monkeypatch):
+    """t/v1 is keyed with the job's own secret and never waits on the
+    network, so the load, the verify and the write share one connection (a
+    pool call each is two checkouts). Counted around the real pool; fal's,
+    which may fetch keys, holds none while it verifies (the slow key fetch
+    test below)."""
+    import asyncpg
+
+    checkouts, real = [], asyncpg.Pool.acquire
+
+    def counting(self, *args, **kw):
+        checkouts.append(self)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(asyncpg.Pool, "acquire", counting)
+    async with httpx.AsyncClient(base_url=world.url) as anon:
+        r = await anon.post(world.path(world.other), content=BODY,
+                            headers=tv1_headers(world.secrets[world.other], BODY))
+    assert r.status_code == 204, r.text
+    assert len(checkouts) == 1
+
+
 @pytest.mark.parametrize("chunked", [False, True], ids=["with_content_length", "chunked"])
 async def test_oversized_webhook_is_413_and_writes_nothing(world, chunked):
     big = b'{"pad": "' + b"x" * MAX_BODY + b'"}'
