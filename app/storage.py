@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -57,9 +58,13 @@ def check_key(key: str) -> list[str]:
 
 
 class Storage(Protocol):
-    async def put_file(self, key: str, path: str, content_type: str | None, sha256: str, size: int) -> None:
+    async def put_file(self, key: str, path: str, content_type: str | None, sha256: str, size: int, *,
+                       move: bool = False) -> None:
         """Store the file at `path` under `key`, replacing what was there.
-        Raises StorageError if the file is not `size` bytes with that sha256."""
+        Raises StorageError if the file is not `size` bytes with that sha256.
+        `move`: the caller gives the file up, so the storage may take it as
+        it is instead of copying it: after a success it is gone; after a
+        failure it may still be there, the caller's to remove."""
 
     async def open_stream(self, key: str) -> AsyncIterator[bytes]:
         """Await it to open the object (ObjectNotFound if missing), then iterate the chunks."""
@@ -104,36 +109,23 @@ class FileStorage(Storage):
     def path_of(self, key: str) -> str:
         return os.path.join(self.root, *check_key(key))
 
-    async def put_file(self, key: str, path: str, content_type: str | None, sha256: str, size: int) -> None:
+    async def put_file(self, key: str, path: str, content_type: str | None, sha256: str, size: int, *,
+                       move: bool = False) -> None:
         target = self.path_of(key)
         _sha256_check(sha256, size)
         try:
-            await asyncio.to_thread(self._put_sync, key, target, path, sha256, size)
+            await asyncio.to_thread(self._put_sync, key, target, path, sha256, size, move)
         except OSError as exc:
             raise StorageError(f"{key}: could not write ({exc.strerror or type(exc).__name__})") from None
 
-    def _put_sync(self, key: str, target: str, source: str, sha256: str, size: int) -> None:
+    def _put_sync(self, key: str, target: str, source: str, sha256: str, size: int, move: bool) -> None:
         directory = os.path.dirname(target)
         created = _make_dirs(directory)
-        name = os.path.basename(target)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-        try:
-            digest = hashlib.sha256()
-            written = 0
-            with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
-                while chunk := src.read(CHUNK_BYTES):
-                    digest.update(chunk)
-                    out.write(chunk)
-                    written += len(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            if written != size or digest.hexdigest() != sha256:
-                raise _mismatch(key, size, written, sha256, digest.hexdigest())
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        if not (move and _moved(key, source, target, size)):
+            _copied(key, source, target, sha256, size)
+            if move:  # from another filesystem: the file given up is not needed now
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(source)
         # The rename is durable once its directory is, and a new directory
         # once its parent is.
         for path in [directory, *(os.path.dirname(d) for d in created)]:
@@ -198,6 +190,52 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _copied(key: str, source: str, target: str, sha256: str, size: int) -> None:
+    """Copy `source` over `target` through a temp file beside it, fsynced,
+    checking the bytes against `size` and `sha256` on the way."""
+    directory, name = os.path.split(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        digest = hashlib.sha256()
+        written = 0
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+            while chunk := src.read(CHUNK_BYTES):
+                digest.update(chunk)
+                out.write(chunk)
+                written += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if written != size or digest.hexdigest() != sha256:
+            raise _mismatch(key, size, written, sha256, digest.hexdigest())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _moved(key: str, source: str, target: str, size: int) -> bool:
+    """Rename `source` over `target` once its bytes are on the disk: a file
+    the caller gives up, hashed as it was written, so no copy and no second
+    hash. False, with nothing changed, when the two are on different
+    filesystems (the caller copies instead)."""
+    fd = os.open(source, os.O_RDONLY)
+    try:
+        got = os.fstat(fd).st_size
+        if got != size:
+            raise StorageError(f"{key}: file has {got} bytes, expected {size}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(source, target)
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            return False
+        raise
+    return True
+
+
 # --------------------------------------------------------------------------- s3://
 
 def _b64_sha256(hex_digest: str) -> str:
@@ -260,7 +298,8 @@ class S3Storage(Storage):
         if context is not None:
             await context.__aexit__(None, None, None)
 
-    async def put_file(self, key: str, path: str, content_type: str | None, sha256: str, size: int) -> None:
+    async def put_file(self, key: str, path: str, content_type: str | None, sha256: str, size: int, *,
+                       move: bool = False) -> None:
         full_key = self.full_key(key)
         _sha256_check(sha256, size)
         try:
@@ -281,6 +320,9 @@ class S3Storage(Storage):
             raise
         except Exception as exc:
             raise StorageError(f"{key}: upload failed ({_describe_error(exc)})") from None
+        if move:  # uploaded: the file the caller gave up is not needed any more
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(os.unlink, path)
 
     async def _put_single(self, key: str, full_key: str, path: str, sha256: str, size: int,
                           extra: dict[str, Any]) -> None:

@@ -67,6 +67,8 @@ async def store_and_close(ctx: Context, job: JobRecord, provider, store: decide.
     with `checked`, the status check's timeline line, if any.
     A download or storage failure moves no money: the intent comes back."""
     downloaded: list[tuple[Downloaded, str | None]] = []  # each output's file and label, in index order
+    adapters = {file.path for file in store.files}  # the caller's to remove; the rest are ours
+    assets: list[jobs.Asset] = []  # the outputs stored: their files (ours) are the storage's now
     try:
         policy_ = ctx.download_policy(provider)
         for index, url in enumerate(store.urls):
@@ -88,19 +90,23 @@ async def store_and_close(ctx: Context, job: JobRecord, provider, store: decide.
                 return await after_output_error(ctx, job, decide.after_download_error(index, e, attempts),
                                                 checked=checked)
             downloaded.append((got, value.label))
-        assets = []
+        # Durations for a per-second price are read from the local copies,
+        # before the storage may take them.
+        charge = await _charge(ctx, job, store, downloaded)
         for index, (got, label) in enumerate(downloaded):
             key = object_key(job.owner_id, job.id, index)
             try:
-                await ctx.storage.put_file(key, got.path, got.content_type, got.sha256, got.bytes)
+                # Our own files (downloads, values) are given up to the storage,
+                # which renames them into place where it can instead of copying;
+                # the adapter's stay its caller's.
+                await ctx.storage.put_file(key, got.path, got.content_type, got.sha256, got.bytes,
+                                           move=got.path not in adapters)
             except Exception as e:  # storage down: keep the intent, move no money
                 log.warning("storage write failed", extra={"job_id": job.id, "error": type(e).__name__})
                 return decide.later(decide.after_store_error(index, e, attempts))
             assets.append(jobs.Asset(index, key, got.bytes, got.sha256, got.content_type, label))
-        charged = await _charge(ctx, job, store, downloaded)
     finally:
-        adapters = {file.path for file in store.files}
-        for got, _ in downloaded:
+        for got, _ in downloaded[len(assets):]:
             if got.path in adapters:
                 continue
             try:
@@ -110,9 +116,9 @@ async def store_and_close(ctx: Context, job: JobRecord, provider, store: decide.
     usage = [{"unit": u.unit.value, "amount": u.amount} for u in store.usage] or None
     operation = {"request_id": store.request_id} if store.request_id else None
     async with ctx.pool.acquire() as conn:
-        closed = await jobs.close(conn, job.id, JobStatus.SUCCEEDED, charge=charged.credits, assets=assets,
+        closed = await jobs.close(conn, job.id, JobStatus.SUCCEEDED, charge=charge.credits, assets=assets,
                                   usage=usage, operation=operation, from_statuses=from_statuses,
-                                  price_applied=charged.applied, checked=checked,
+                                  price_applied=charge.applied, checked=checked,
                                   wake_capacity=capacity.is_capped(ctx.settings, job.provider))
     if closed is not None:
         ctx.metrics.job_finished(provider.name, JobStatus.SUCCEEDED, closed)

@@ -3,6 +3,7 @@ HTTP, files storage."""
 from __future__ import annotations
 
 import hashlib
+import os
 
 import httpx
 
@@ -19,7 +20,7 @@ async def test_job_succeeds_with_outputs_copied_and_charged(web, make_owner, db,
                                                             start_settler):
     settings = make_settings(SIM_URL=sim.url)
     server = await web(SIM_URL=sim.url)
-    await start_settler(settings)
+    settler = await start_settler(settings)
     owner = await make_owner(credits=100)
     async with server.client(owner.api_key) as c:
         created = (await c.post("/v1/jobs", json=job(outputs=2, output_bytes=5000, cost=3))).json()
@@ -41,6 +42,7 @@ async def test_job_succeeds_with_outputs_copied_and_charged(web, make_owner, db,
     assert acct["credits"] == {"balance": 97, "reserved": 0, "charged": 3} and acct["active"] == 0
     assert row["webhook_secret"] is None
     assert await db.fetchval("select count(*) from outbox") == 0
+    assert os.listdir(settler.ctx.download_dir) == [], "each download was given to the storage"
     await assert_money_balances(db)
 
 
@@ -74,7 +76,7 @@ async def test_download_errors_then_success_charge_once(web, make_owner, db, sim
     # downloads work again and every job must succeed, charged exactly once.
     server = await web(SIM_URL=sim.url)
     set_faults(sim.url, download_error=1)
-    await start_settler(make_settings(SIM_URL=sim.url))
+    settler = await start_settler(make_settings(SIM_URL=sim.url))
     owner = await make_owner(credits=1000, max_active=20)
     async with server.client(owner.api_key) as c:
         ids = [(await c.post("/v1/jobs", json=job(cost=2))).json()["id"] for _ in range(10)]
@@ -89,6 +91,7 @@ async def test_download_errors_then_success_charge_once(web, make_owner, db, sim
         row = await wait_for_status(db, job_id, ("succeeded", "failed"), timeout=60)
         assert row["status"] == "succeeded" and row["credits_charged"] == 2, row
     assert await db.fetchval("select count(*) from ledger where kind = 'charge'") == 10
+    assert os.listdir(settler.ctx.download_dir) == [], "neither a failed download nor a stored one is left"
     await assert_money_balances(db)
 
 
@@ -132,7 +135,7 @@ async def test_download_failures_to_the_cap_fail_the_job_with_a_refund(web, make
                                                                        start_settler):
     server = await web(SIM_URL=sim.url)
     set_faults(sim.url, download_error=1)
-    await start_settler(make_settings(SIM_URL=sim.url))
+    settler = await start_settler(make_settings(SIM_URL=sim.url))
     owner = await make_owner(credits=100)
     async with server.client(owner.api_key) as c:
         created = (await c.post("/v1/jobs", json=job())).json()
@@ -147,6 +150,7 @@ async def test_download_failures_to_the_cap_fail_the_job_with_a_refund(web, make
     row = await wait_for_status(db, created["id"], "failed")
     assert row["error_code"] == "settle_exhausted" and row["credits_refunded"] == 10
     assert await db.fetchval("select count(*) from assets") == 0
+    assert os.listdir(settler.ctx.download_dir) == [], "no failed download is left behind"
     await assert_money_balances(db)
 
 

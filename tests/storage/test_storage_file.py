@@ -122,6 +122,51 @@ async def test_mismatched_file_is_refused_and_the_old_object_kept(storage, sourc
     assert os.listdir(os.path.dirname(storage.path_of(key))) == ["0"]
 
 
+async def test_a_file_given_up_is_renamed_into_place_not_copied(storage, sources):
+    data = os.urandom(2 * MiB + 3)
+    path, sha = write_source(sources, "download", data)
+    inode = os.stat(path).st_ino
+    key = object_key("o", "j", 0)
+    await storage.put_file(key, path, None, sha, len(data), move=True)
+
+    assert not os.path.exists(path), "the file given up is gone"
+    assert os.stat(storage.path_of(key)).st_ino == inode, "the same file, renamed: no copy"
+    assert await read_all(storage, key) == data
+    assert os.listdir(os.path.dirname(storage.path_of(key))) == ["0"]
+
+
+async def test_a_file_given_up_of_the_wrong_size_is_refused_and_kept(storage, sources):
+    key = object_key("o", "j", 0)
+    good, good_sha = write_source(sources, "good", b"good")
+    await storage.put_file(key, good, None, good_sha, 4)
+    bad, bad_sha = write_source(sources, "bad", b"badbad")
+    with pytest.raises(StorageError, match="6 bytes, expected 7"):
+        await storage.put_file(key, bad, None, bad_sha, 7, move=True)
+    assert await stored(storage, key) == (4, good_sha)
+    assert os.path.exists(bad), "still the caller's to remove"
+
+
+SHM = "/dev/shm"
+
+
+@pytest.mark.skipif(not (os.path.isdir(SHM) and os.access(SHM, os.W_OK)), reason="no /dev/shm to be another filesystem")
+async def test_a_file_given_up_on_another_filesystem_is_copied_then_removed(storage, tmp_path):
+    if os.stat(SHM).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("/dev/shm is on the same filesystem as the storage here")
+    data = os.urandom(MiB + 1)
+    path, sha = write_source(SHM, f"longcall-test-{os.getpid()}-{id(data)}", data)
+    try:
+        key = object_key("o", "j", 0)
+        await storage.put_file(key, path, None, sha, len(data), move=True)  # rename: EXDEV
+        assert not os.path.exists(path)
+        assert await read_all(storage, key) == data
+        assert os.stat(storage.path_of(key)).st_dev != os.stat(SHM).st_dev
+        assert os.listdir(os.path.dirname(storage.path_of(key))) == ["0"], "no temp file left"
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 async def test_missing_source_is_a_storage_error(storage, sources):
     with pytest.raises(StorageError):
         await storage.put_file("outputs/o/j/0", os.path.join(sources, "nope"), None, "0" * 64, 1)

@@ -33,6 +33,19 @@ async def storage(running_s3, bucket):
     await s3.aclose()
 
 
+async def test_a_file_given_up_is_removed_once_uploaded(storage, tmp_path):
+    data = b"uploaded, then not needed"
+    path, sha = write_source(tmp_path, "a", data)
+    await storage.put_file(KEY, path, None, sha, len(data), move=True)
+    assert await read_all(storage, KEY) == data
+    assert not os.path.exists(path)
+    # A refused upload leaves the file the caller's.
+    bad, bad_sha = write_source(tmp_path, "b", b"six b!")
+    with pytest.raises(StorageError):
+        await storage.put_file(KEY, bad, None, bad_sha, 7, move=True)
+    assert os.path.exists(bad)
+
+
 async def test_small_object_round_trip(storage, running_s3, bucket, tmp_path):
     data = b"\x89PNG tiny image"
     path, sha = write_source(tmp_path, "a", data)
