@@ -6,6 +6,12 @@ and bump its `generation`: a worker that claimed the intent before the
 request arrived sees the generation moved when it finishes, and leaves the
 intent due instead of deleting it, so the request is not lost.
 
+A claim leases an intent (`claimed_until`) and moves its `not_before` to
+the lease's end too, so the intents being worked on leave the front of the
+due index: a claim walks past none of them, however many a busy settler
+holds. A request that coalesces meanwhile pulls `not_before` back to when
+it asked; the lease still keeps other workers off until the claim ends.
+
 NOTIFY (channel longcall_outbox) is sent only when an intent becomes due
 sooner than it was: payload '' means "due now", otherwise the due time in
 epoch seconds, so sleeping settlers can shorten their sleep. NOTIFY takes a
@@ -78,17 +84,24 @@ REQUEST = _REQUEST.replace(":commit", "current_setting('synchronous_commit')")
 REQUEST_UNFLUSHED = _REQUEST.replace(":commit", "set_config('synchronous_commit', 'off', true)")
 
 # Claim due intents not held by a live lease. SKIP LOCKED lets several
-# settlers claim side by side; the lease returns a crashed worker's claims.
-# Notify intents are claimed from their own limit ($3): deliveries to slow
-# endpoints never take the slots that submits and settles need.
+# settlers claim side by side; the lease returns a crashed worker's claims
+# (at its end the intent is due: `not_before` moved there with it).
+# Notify intents are claimed from their own limit ($3), by their own partial
+# index: deliveries to slow endpoints never take the slots that submits and
+# settles need, and finding them never walks the others.
 #
 # The same round trip loads each claimed intent's job (`select *` of jobs,
 # beside the intent's own columns, prefixed `intent_`) — except a notify's
 # (a delivery reads its own rows) and, unless $4, a submit's (its first
 # statement claims the job row and returns it) — and says when a sleeping
 # settler must wake next: the earliest `not_before` (or lease end) among the
-# intents it did not claim. This statement sees the claimed rows as they
-# were (unclaimed and due), so they are left out of that minimum by id.
+# intents it did not claim (the first few in `not_before` order are
+# enough: only an intent pulled forward during its lease sorts before its
+# true due time). This statement sees the claimed rows as they were
+# (unclaimed and due), so they are left out of that minimum by id. Each job
+# is loaded by its own primary-key look-up (the lateral `limit 1` keeps the
+# planner from a hash join over the whole table, which a generic plan made
+# while `jobs` looked small chose: 3,000 rows read per claim).
 CLAIM = f"""
 with due_work as (
     select id from outbox
@@ -107,14 +120,15 @@ with due_work as (
 ), due as (
     select id from due_work union all select id from due_notify
 ), claimed as (
-    update outbox o set claimed_until = now() + make_interval(secs => $2), attempts = o.attempts + 1
+    update outbox o set claimed_until = now() + make_interval(secs => $2),
+                        not_before = now() + make_interval(secs => $2), attempts = o.attempts + 1
     from due where o.id = due.id
     returning o.id, o.job_id, o.kind, o.generation, o.attempts, o.delivery_id
 ), next_due as (
     select min(greatest(not_before, coalesce(claimed_until, not_before))) as at from (
         select not_before, claimed_until from outbox
         where id not in (select id from due)
-        order by not_before limit 100
+        order by not_before limit 16
     ) s
 )
 select n.at as next_due, c.id as intent_id, c.job_id as intent_job_id, c.kind as intent_kind,
@@ -122,7 +136,11 @@ select n.at as next_due, c.id as intent_id, c.job_id as intent_job_id, c.kind as
        j.*
 from next_due n
 left join claimed c on true
-left join jobs j on j.id = c.job_id and c.kind <> '{IntentKind.NOTIFY}' and ($4 or c.kind <> '{IntentKind.SUBMIT}')
+left join lateral (
+    select * from jobs
+    where id = c.job_id and c.kind <> '{IntentKind.NOTIFY}' and ($4 or c.kind <> '{IntentKind.SUBMIT}')
+    limit 1
+) j on true
 """
 
 # Done: delete finished intents, all in one statement (the settler's group
@@ -156,7 +174,21 @@ returning not_before, generation <> $2 as requested_meanwhile
 """
 
 # Give the claim back untouched (shutdown): due again at once.
-RELEASE = "update outbox set claimed_until = null, attempts = greatest(attempts - 1, 0) where id = $1"
+RELEASE = """
+update outbox set claimed_until = null, not_before = least(not_before, now()), attempts = greatest(attempts - 1, 0)
+where id = $1
+"""
+
+# Extend the leases of claims still held ($1 ids, $2 their generations as
+# claimed), and their `not_before` with them, unless a request has pulled
+# it forward since the claim (the generation moved): that one is kept.
+RENEW = """
+update outbox o set claimed_until = now() + make_interval(secs => $3),
+    not_before = case when o.generation = held.generation then now() + make_interval(secs => $3)
+                      else o.not_before end
+from unnest($1::bigint[], $2::int[]) as held(id, generation)
+where o.id = held.id and o.claimed_until is not null
+"""
 
 @dataclass(frozen=True)
 class Intent:
@@ -214,3 +246,7 @@ async def retry(conn, intent: Intent, delay_s: float, *, failed: bool) -> asyncp
 
 async def release(conn, intent: Intent) -> None:
     await conn.execute(RELEASE, intent.id)
+
+
+async def renew(conn, held: list[Intent], lease_s: float) -> None:
+    await conn.execute(RENEW, [i.id for i in held], [i.generation for i in held], float(lease_s))

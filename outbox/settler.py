@@ -320,13 +320,11 @@ class Settler:
     async def _keep_leases(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
-            ids = [*self.running, *(intent.id for intent, _ in self.waiting)]
-            if not ids:
+            held = [*(intent for intent, _ in self.running.values()), *(intent for intent, _ in self.waiting)]
+            if not held:
                 continue
             with contextlib.suppress(Exception):
-                await self.ctx.pool.execute(
-                    "update outbox set claimed_until = now() + make_interval(secs => $2) "
-                    "where id = any($1::bigint[]) and claimed_until is not null", ids, float(self.lease_s))
+                await intents.renew(self.ctx.pool, held, self.lease_s)
 
     async def _shutdown(self) -> None:
         # Claimed intents that never started go back at once (due again).

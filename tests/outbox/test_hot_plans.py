@@ -1,0 +1,71 @@
+"""The statements every job runs reach a job by its primary key, whatever
+the planner's statistics say.
+
+A prepared statement keeps a generic plan made once per connection, and a
+busy new database makes it while `jobs` still looks empty: a plan that
+hash-joined the claimed intents to a sequential scan of `jobs` then read
+every job on every claim as the table grew (3,000 rows a claim in
+`longcall bench`). Here the plans are made the same way, from the
+statistics of a table analyzed while it held 3 jobs, then run with 2,000."""
+from __future__ import annotations
+
+import pytest
+
+from app.domain import jobs
+from app.vocabulary import JobStatus
+from outbox import intents
+
+GROWN_TO = 2000
+
+
+def _nodes(node):
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)
+
+
+@pytest.fixture
+async def grown(db, make_owner):
+    """Job ids of a `jobs` table analyzed small and grown since."""
+    owner = await make_owner(credits=10_000, max_active=10_000)
+
+    async def make(n: int) -> list[str]:
+        return [(await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim", model="m",
+                                       input={}, max_credits=1, give_up_after_s=3600)).job_id for _ in range(n)]
+
+    ids = await make(3)
+    await db.execute("analyze jobs, outbox")
+    ids += await make(GROWN_TO - 3)
+    await db.execute("update jobs set status = 'running' where id = any($1::text[])", ids[:500])
+    await db.execute("insert into outbox (job_id, kind) select unnest($1::text[]), 'settle'", ids[:500])
+    return ids
+
+
+def _hot_statements(ids):
+    job = ids[-1]
+    running = ids[0]
+    return {
+        "claim": (intents.CLAIM, (10, 60.0, 0, False)),
+        "claim with submits": (intents.CLAIM, (10, 60.0, 0, True)),
+        "begin submit": (jobs.BEGIN_SUBMIT_UNCAPPED, (job,)),
+        "save task": (jobs.SAVE_TASK, (job, "task_1", None, None, False, 30.0, [JobStatus.QUEUED], None)),
+        "webhook request": (intents.REQUEST_UNFLUSHED, (running, "settle", 0.0, "webhook_accepted")),
+    }
+
+
+@pytest.mark.parametrize("name", ["claim", "claim with submits", "begin submit", "save task", "webhook request"])
+async def test_a_generic_plan_from_stale_statistics_reads_jobs_by_primary_key(db, grown, name):
+    sql, args = _hot_statements(grown)[name]
+    async with db.acquire() as conn:
+        run = conn.transaction()
+        await run.start()
+        try:
+            await conn.execute("set local plan_cache_mode = force_generic_plan")
+            [plan] = await conn.fetchval("explain (analyze, format json) " + sql, *args)
+        finally:
+            await run.rollback()
+    on_jobs = [n for n in _nodes(plan["Plan"]) if n.get("Relation Name") == "jobs" and n["Node Type"] != "ModifyTable"]
+    assert on_jobs, "the statement reads jobs"
+    for node in on_jobs:
+        assert (node["Node Type"], node.get("Index Name")) == ("Index Scan", "jobs_pkey"), node
+        assert node["Actual Rows"] <= 1, node
