@@ -377,7 +377,8 @@ update jobs j set status = '{JobStatus.SUBMITTING}', submit_in_doubt = true,
     submit_attempts = j.submit_attempts + 1, updated_at = now(),
     capacity_entry = case when j.status = '{JobStatus.QUEUED}' then $3 else j.capacity_entry end
 from (select id, submit_in_doubt from jobs where id = $1 for update) old
-where j.id = $1 and j.id = old.id and j.status in {sql_list((JobStatus.QUEUED, JobStatus.SUBMITTING))} and j.provider_task_id is null
+where j.id = $1 and j.id = old.id and j.provider_task_id is null
+  and j.status in {sql_list((JobStatus.QUEUED, JobStatus.SUBMITTING))}
   and not exists (select 1 from provider_pauses p where p.provider = j.provider and p.until > now()):caps
 returning j.*, old.submit_in_doubt as was_in_doubt
 ), line as (
