@@ -81,7 +81,17 @@ REQUEST = _REQUEST.replace(":commit", "current_setting('synchronous_commit')")
 # durable timer (the lost-webhook check) still settles it, and the settle
 # re-asks the provider.
 # Local to the statement's transaction: only on an autocommit call.
-REQUEST_UNFLUSHED = _REQUEST.replace(":commit", "set_config('synchronous_commit', 'off', true)")
+UNFLUSHED = "set_config('synchronous_commit', 'off', true)"
+REQUEST_UNFLUSHED = _REQUEST.replace(":commit", UNFLUSHED)
+
+# The settler's own bookkeeping (claim, finish, retry, renew, release)
+# commits without waiting for the flush too: each only moves a lease or a
+# due time, and losing one in a crash leaves the outbox in a state it meets
+# anyway — an intent claimed or run again (every step is idempotent: a
+# transition checks the status it expects), or due sooner than it was put
+# back. Any later commit that waits for the flush, such as the step's own,
+# makes it durable too (the WAL is written in order). The steps' writes
+# (task ids, closes, money) still wait.
 
 # Claim due intents not held by a live lease. SKIP LOCKED lets several
 # settlers claim side by side; the lease returns a crashed worker's claims
@@ -131,9 +141,9 @@ with due_work as (
         order by not_before limit 16
     ) s
 )
-select n.at as next_due, c.id as intent_id, c.job_id as intent_job_id, c.kind as intent_kind,
-       c.generation as intent_generation, c.attempts as intent_attempts, c.delivery_id as intent_delivery_id,
-       j.*
+select {UNFLUSHED} as unflushed, n.at as next_due,
+       c.id as intent_id, c.job_id as intent_job_id, c.kind as intent_kind, c.generation as intent_generation,
+       c.attempts as intent_attempts, c.delivery_id as intent_delivery_id, j.*
 from next_due n
 left join claimed c on true
 left join lateral (
@@ -146,48 +156,52 @@ left join lateral (
 # Done: delete finished intents, all in one statement (the settler's group
 # commit) — except those a request coalesced into meanwhile (generation
 # moved): those are released, still due. Returns the ids kept.
-FINISH_MANY = """
+FINISH_MANY = f"""
 with done as (
     select * from unnest($1::bigint[], $2::int[]) as d(id, generation)
 ), gone as (
     delete from outbox o using done
     where o.id = done.id and o.generation = done.generation
     returning o.id
+), kept as (
+    update outbox o set claimed_until = null
+    from done
+    where o.id = done.id and o.id not in (select id from gone)
+    returning o.id
 )
-update outbox o set claimed_until = null
-from done
-where o.id = done.id and o.id not in (select id from gone)
-returning o.id
+select {UNFLUSHED} as unflushed, array(select id from kept) as kept
 """
 
 # Put the intent back to run again after a delay. A request that coalesced
 # meanwhile keeps it due now. `failed` keeps the attempt count (toward the
 # cap); a normal durable wait ("still running, ask later") resets it.
-RETRY = """
+RETRY = f"""
 update outbox set
     not_before = case when generation = $2 then now() + make_interval(secs => $3)
                       else least(not_before, now()) end,
     claimed_until = null,
     attempts = case when $4 then attempts else 0 end
 where id = $1
-returning not_before, generation <> $2 as requested_meanwhile
+returning not_before, generation <> $2 as requested_meanwhile, {UNFLUSHED} as unflushed
 """
 
 # Give the claim back untouched (shutdown): due again at once.
-RELEASE = """
+RELEASE = f"""
 update outbox set claimed_until = null, not_before = least(not_before, now()), attempts = greatest(attempts - 1, 0)
 where id = $1
+returning {UNFLUSHED}
 """
 
 # Extend the leases of claims still held ($1 ids, $2 their generations as
 # claimed), and their `not_before` with them, unless a request has pulled
 # it forward since the claim (the generation moved): that one is kept.
-RENEW = """
+RENEW = f"""
 update outbox o set claimed_until = now() + make_interval(secs => $3),
     not_before = case when o.generation = held.generation then now() + make_interval(secs => $3)
                       else o.not_before end
 from unnest($1::bigint[], $2::int[]) as held(id, generation)
 where o.id = held.id and o.claimed_until is not null
+returning {UNFLUSHED}
 """
 
 @dataclass(frozen=True)
@@ -209,10 +223,18 @@ async def request(conn, job_id: str, kind: IntentKind, delay_s: float = 0.0, *,
     outside a transaction, where the statement is its own transaction."""
     if kind not in KINDS or kind is IntentKind.NOTIFY:
         raise ValueError(f"not an intent kind a job can ask for: {kind}")
-    if not wait_for_flush and getattr(conn, "is_in_transaction", lambda: False)():
-        raise ValueError("an unflushed request would make the whole transaction it is in unflushed")
+    if not wait_for_flush:
+        _outside_transaction(conn)
     sql = REQUEST if wait_for_flush else REQUEST_UNFLUSHED
     return await conn.fetchrow(sql, job_id, kind, float(delay_s), line) is not None
+
+
+def _outside_transaction(conn) -> None:
+    """An unflushed statement's setting covers the transaction it runs in:
+    on its own (a pool, or a connection outside a transaction) that is just
+    itself."""
+    if getattr(conn, "is_in_transaction", lambda: False)():
+        raise ValueError("an unflushed statement would make the whole transaction it is in unflushed")
 
 
 @dataclass(frozen=True)
@@ -225,6 +247,7 @@ class Claimed:
 async def claim(conn, limit: int, lease_s: float, notify_limit: int = 0, *, load_submits: bool = False) -> Claimed:
     """Up to `limit` due submit/settle/cancel intents and `notify_limit`
     notify ones, with their jobs (a submit's only with `load_submits`)."""
+    _outside_transaction(conn)
     rows = await conn.fetch(CLAIM, limit, float(lease_s), notify_limit, load_submits)
     claimed = [r for r in rows if r["intent_id"] is not None]
     return Claimed(
@@ -236,17 +259,20 @@ async def claim(conn, limit: int, lease_s: float, notify_limit: int = 0, *, load
 
 async def finish_many(conn, done: list[Intent]) -> set[int]:
     """Delete done intents; the ids kept because they were asked for again."""
-    rows = await conn.fetch(FINISH_MANY, [i.id for i in done], [i.generation for i in done])
-    return {r["id"] for r in rows}
+    _outside_transaction(conn)
+    return set(await conn.fetchval(FINISH_MANY, [i.id for i in done], [i.generation for i in done], column=1))
 
 
 async def retry(conn, intent: Intent, delay_s: float, *, failed: bool) -> asyncpg.Record | None:
+    _outside_transaction(conn)
     return await conn.fetchrow(RETRY, intent.id, intent.generation, float(delay_s), failed)
 
 
 async def release(conn, intent: Intent) -> None:
+    _outside_transaction(conn)
     await conn.execute(RELEASE, intent.id)
 
 
 async def renew(conn, held: list[Intent], lease_s: float) -> None:
+    _outside_transaction(conn)
     await conn.execute(RENEW, [i.id for i in held], [i.generation for i in held], float(lease_s))

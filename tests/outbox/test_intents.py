@@ -120,6 +120,39 @@ async def test_an_unflushed_request_is_refused_inside_a_transaction_and_writes_n
         assert await conn.fetchval("select count(*) from outbox") == 0
 
 
+async def test_the_settlers_bookkeeping_commits_unflushed_and_leaves_the_session_as_it_was(db, job_ids):
+    """Claim, renew, retry, finish and release only move leases and due
+    times: each turns synchronous_commit off for its own transaction."""
+    async with db.acquire() as conn:
+        await conn.execute("set synchronous_commit = on")
+        try:
+            for job in job_ids[:3]:
+                await intents.request(conn, job, "settle")
+            rows = await conn.fetch(intents.CLAIM, 10, 60.0, 0, False)
+            assert {r["unflushed"] for r in rows} == {"off"} and len(rows) == 3
+            ids, generations = [r["intent_id"] for r in rows], [r["intent_generation"] for r in rows]
+            assert [r[0] for r in await conn.fetch(intents.RENEW, ids, generations, 60.0)] == ["off"] * 3
+            assert (await conn.fetchrow(intents.RETRY, ids[0], generations[0], 30.0, False))["unflushed"] == "off"
+            assert await conn.fetchval(intents.RELEASE, ids[1]) == "off"
+            assert await conn.fetchval(intents.FINISH_MANY, ids[2:], generations[2:]) == "off"
+            assert await conn.fetchval("show synchronous_commit") == "on"
+        finally:
+            await conn.execute("reset synchronous_commit")
+        assert await conn.fetchval("select count(*) from outbox") == 2
+
+
+async def test_the_settlers_bookkeeping_is_refused_inside_a_transaction(db, job_ids):
+    async with db.acquire() as conn:
+        await intents.request(conn, job_ids[0], "settle")
+        [held] = (await intents.claim(conn, 10, lease_s=60)).intents
+        async with conn.transaction():
+            for call in (intents.claim(conn, 10, 60), intents.renew(conn, [held], 60), intents.release(conn, held),
+                         intents.retry(conn, held, 30, failed=False), intents.finish_many(conn, [held])):
+                with pytest.raises(ValueError, match="unflushed"):
+                    await call
+        assert await conn.fetchval("select claimed_until is not null from outbox") is True
+
+
 async def test_a_request_while_claimed_is_not_lost(db, job_ids):
     job = job_ids[0]
     async with db.acquire() as conn:
