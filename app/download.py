@@ -108,6 +108,63 @@ class HostLimiter:
                 del self._origins[origin]
 
 
+class DownloadClients:
+    """Keep-alive for downloads: one httpx client per origin, shared by a
+    process's downloads, so the next output from a provider's file host
+    reuses a connection (and, over https, its TLS session) instead of a new
+    handshake each time.
+
+    Keyed by the origin as the URL names it (scheme, host name, port), and
+    each request goes to an address pinned for its hop, so a connection is
+    only ever used again for the host name it was made and verified for, at
+    the same address. A response not read to its end closes its connection.
+    At most `max_origins` clients are kept; the least recently used idle one
+    makes room (a download finding every one busy uses a client of its own)."""
+
+    def __init__(self, *, max_origins: int = 32, per_origin: int = 4, idle_s: float = 30.0):
+        self.max_origins = max_origins
+        self.per_origin = per_origin
+        self.idle_s = idle_s
+        self._clients: dict[str, httpx.AsyncClient] = {}  # least recently used first
+        self._users: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def _new(self, verify: ssl.SSLContext, keep: int) -> httpx.AsyncClient:
+        # trust_env=False: a proxy from the environment would undo the address pinning.
+        return httpx.AsyncClient(follow_redirects=False, trust_env=False,
+                                 transport=AsyncioTransport(verify=verify, limits=httpx.Limits(
+                                     max_keepalive_connections=keep, keepalive_expiry=self.idle_s)))
+
+    @contextlib.asynccontextmanager
+    async def client(self, origin_: str, verify: ssl.SSLContext) -> AsyncIterator[httpx.AsyncClient]:
+        client = self._clients.pop(origin_, None)
+        if client is None and len(self._clients) >= self.max_origins:
+            idle = next((o for o in self._clients if not self._users.get(o)), None)
+            if idle is not None:
+                await self._clients.pop(idle).aclose()
+        if client is None and len(self._clients) >= self.max_origins:
+            async with self._new(verify, keep=0) as own:
+                yield own
+            return
+        if client is None:
+            client = self._new(verify, keep=self.per_origin)
+        self._clients[origin_] = client  # now the most recently used
+        self._users[origin_] = self._users.get(origin_, 0) + 1
+        try:
+            yield client
+        finally:
+            self._users[origin_] -= 1
+            if not self._users[origin_]:
+                del self._users[origin_]
+
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()
+
+
 @dataclass(frozen=True)
 class DownloadPolicy:
     allowed_hosts: tuple[str, ...]  # exact host names, or ".suffix" for any subdomain of suffix
@@ -124,6 +181,8 @@ class DownloadPolicy:
     # Shared by every download of the process (None: no per-host limit).
     host_limiter: HostLimiter | None = field(default=None, compare=False)
     host_wait_s: float = 1.0  # how long to wait for a place at a full origin
+    # Shared keep-alive connections (None: each download makes its own).
+    clients: DownloadClients | None = field(default=None, compare=False)
     # The provider's own credentials (Replicate's Authorization) and the
     # hosts that may see them: sent on the first request only, and only when
     # its host is one of these; never to another host, never after a redirect.
@@ -303,7 +362,8 @@ async def _resolve_checked(url: httpx.URL, policy: DownloadPolicy, resolve: Reso
 
 def pinned_request(client: httpx.AsyncClient, url: httpx.URL, ip: str,
                    credentials: Mapping[str, str] | None = None, *, method: str = "GET",
-                   content: bytes | None = None, headers: Mapping[str, str] | None = None) -> httpx.Request:
+                   content: bytes | None = None, headers: Mapping[str, str] | None = None,
+                   timeout: httpx.Timeout | None = None) -> httpx.Request:
     """A request (a GET unless told) that connects to `ip` while speaking to
     `url`'s host: the Host header names the host and TLS sends it as SNI and
     verifies the certificate against it (httpcore's `sni_hostname` extension)."""
@@ -314,6 +374,7 @@ def pinned_request(client: httpx.AsyncClient, url: httpx.URL, ip: str,
         headers={**(headers or {}), **(credentials or {}), "Host": url.netloc.decode("ascii"),
                  "Accept-Encoding": "identity"},
         extensions={"sni_hostname": url.raw_host.decode("ascii")},
+        timeout=timeout if timeout is not None else client.timeout,
     )
 
 
@@ -329,11 +390,11 @@ def _default_ssl_context() -> ssl.SSLContext:
 
 
 async def _open(client: httpx.AsyncClient, url: httpx.URL, addresses: list[str],
-                policy: DownloadPolicy, hop: int) -> httpx.Response:
+                policy: DownloadPolicy, hop: int, timeout: httpx.Timeout) -> httpx.Response:
     for ip in addresses:
         try:
-            return await client.send(pinned_request(client, url, ip, policy.credentials_for(url, hop)),
-                                     stream=True)
+            return await client.send(pinned_request(client, url, ip, policy.credentials_for(url, hop),
+                                                    timeout=timeout), stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout):
             continue  # next address of the same checked answer
         except httpx.TimeoutException:
@@ -390,16 +451,16 @@ async def _download(url: str, policy: DownloadPolicy, file, digest,
     # timeout: it starts again with every chunk that arrives.
     timeout = httpx.Timeout(connect=policy.connect_timeout_s, read=policy.stall_timeout_s,
                             write=policy.stall_timeout_s, pool=policy.connect_timeout_s)
-    # trust_env=False: a proxy from the environment would undo the address pinning.
-    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False,
-                                 transport=AsyncioTransport(verify=verify)) as client:
+    # None shared: this download's own, closed after it.
+    clients = policy.clients if policy.clients is not None else DownloadClients(per_origin=0)
+    try:
         current = _parse_checked(url, policy)
         redirects = 0
         while True:
             addresses = await _resolve_checked(current, policy, resolve)
             # Each hop holds a place at its own origin while its answer is open.
-            async with _place(policy, current):
-                response = await _open(client, current, addresses, policy, redirects)
+            async with _place(policy, current), clients.client(origin(current), verify) as client:
+                response = await _open(client, current, addresses, policy, redirects, timeout)
                 try:
                     if response.status_code in REDIRECT_STATUSES:
                         location = response.headers.get("location")
@@ -422,6 +483,9 @@ async def _download(url: str, policy: DownloadPolicy, file, digest,
                     return _content_type(response)
                 finally:
                     await response.aclose()
+    finally:
+        if clients is not policy.clients:
+            await clients.aclose()
 
 
 def _place(policy: DownloadPolicy, url: httpx.URL) -> contextlib.AbstractAsyncContextManager[None]:

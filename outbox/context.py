@@ -16,7 +16,7 @@ from app import db
 from app.capacity import capped_providers
 from app.config import Settings
 from app.delivery import Sender
-from app.download import DownloadPolicy, HostLimiter
+from app.download import DownloadClients, DownloadPolicy, HostLimiter
 from app.metrics import Metrics
 from app.providers import build_providers, close_providers
 from app.providers.base import Provider, ProviderFacts
@@ -35,8 +35,10 @@ class Context:
     secretbox: SecretBox
     metrics: Metrics
     download_dir: str
-    # Every download of this settler process shares it (per-origin limit).
+    # Every download of this settler process shares them: the per-origin
+    # limit, and keep-alive connections to the providers' file hosts.
     host_limiter: HostLimiter
+    download_clients: DownloadClients
     # Notification deliveries: the guarded sender, and places per endpoint id.
     sender: Sender
     endpoint_places: HostLimiter
@@ -73,6 +75,7 @@ class Context:
                    storage=open_storage(settings.storage_url, s3_endpoint_url=settings.s3_endpoint_url),
                    secretbox=SecretBox(settings.secret_keys), metrics=Metrics(),
                    download_dir=download_dir, host_limiter=HostLimiter(settings.downloads_per_host),
+                   download_clients=DownloadClients(per_origin=settings.downloads_per_host),
                    sender=Sender(settings.notify_allowed_origins),
                    endpoint_places=HostLimiter(PLACES_PER_ENDPOINT))
 
@@ -93,7 +96,7 @@ class Context:
                               plain_http_origins=self.settings.plain_http_origins(provider.name),
                               max_bytes=self.settings.max_output_bytes,
                               stall_timeout_s=self.settings.download_stall_timeout_s,
-                              host_limiter=self.host_limiter,
+                              host_limiter=self.host_limiter, clients=self.download_clients,
                               credential_hosts=provider.facts.credential_hosts,
                               credentials=provider.download_credentials(),
                               any_host=provider.facts.outputs_from_any_host)
@@ -101,6 +104,7 @@ class Context:
     async def close(self) -> None:
         await close_providers(self.providers)
         await self.storage.aclose()
+        await self.download_clients.aclose()
         await self.sender.aclose()
         await self.pool.close()
         shutil.rmtree(self.download_dir, ignore_errors=True)

@@ -15,6 +15,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response, S
 from starlette.routing import Route
 
 from app.download import (
+    DownloadClients,
     DownloadError,
     DownloadPolicy,
     OutputTooLarge,
@@ -86,6 +87,12 @@ async def _no_location(request: Request) -> Response:
     return Response(status_code=302)
 
 
+async def _peer(request: Request) -> Response:
+    """The client's port: which TCP connection the request came on."""
+    assert request.client is not None
+    return PlainTextResponse(str(request.client.port))
+
+
 OUTPUTS = Starlette(routes=[
     Route("/bytes/{size:int}", _bytes),
     Route("/redirect/{hops:int}", _redirect),
@@ -95,6 +102,7 @@ OUTPUTS = Starlette(routes=[
     Route("/authorization", _authorization),
     Route("/gzip", _gzip),
     Route("/no-location", _no_location),
+    Route("/peer", _peer),
 ])
 
 
@@ -516,3 +524,70 @@ async def test_64_mib_download_keeps_memory_flat(outputs, tmp_path, peak_rss):
 @pytest.mark.slow
 async def test_1_gib_download_keeps_memory_flat(outputs, tmp_path, peak_rss):
     await _download_with_flat_memory(outputs, tmp_path, peak_rss, 1024 * MiB, limit=48 * MiB)
+
+
+# ----------------------------------------------------------------- keep-alive
+
+async def _peer_port(url: str, policy: DownloadPolicy, tmp_path, **kw) -> str:
+    got = await download_to_file(url, policy, str(tmp_path), **kw)
+    with open(got.path) as f:
+        return f.read()
+
+
+async def test_shared_clients_keep_a_connection_per_origin(outputs, tmp_path):
+    origin = outputs.url
+    alone = plain_policy(origin)
+    assert await _peer_port(f"{origin}/peer", alone, tmp_path) != await _peer_port(f"{origin}/peer", alone, tmp_path)
+    clients = DownloadClients()
+    try:
+        kept = plain_policy(origin, clients=clients)
+        first = await _peer_port(f"{origin}/peer", kept, tmp_path)
+        assert await _peer_port(f"{origin}/peer", kept, tmp_path) == first
+    finally:
+        await clients.aclose()
+
+
+async def test_a_kept_connection_serves_only_the_host_name_it_was_made_for(outputs, tmp_path):
+    """Two names at one address never share a connection: over TLS it was
+    verified for one of them only."""
+    dns = FakeDns({"a.test": ["127.0.0.1"], "b.test": ["127.0.0.1"]})
+    a, b = f"http://a.test:{outputs.port}", f"http://b.test:{outputs.port}"
+    clients = DownloadClients()
+    try:
+        policy = plain_policy(a, b, clients=clients)
+        via_a = await _peer_port(f"{a}/peer", policy, tmp_path, resolve=dns)
+        via_b = await _peer_port(f"{b}/peer", policy, tmp_path, resolve=dns)
+        assert via_a != via_b
+        assert await _peer_port(f"{a}/peer", policy, tmp_path, resolve=dns) == via_a
+        assert await _peer_port(f"{b}/peer", policy, tmp_path, resolve=dns) == via_b
+    finally:
+        await clients.aclose()
+
+
+async def test_a_download_cut_short_does_not_leave_its_connection_for_the_next(outputs, tmp_path):
+    origin = outputs.url
+    clients = DownloadClients()
+    try:
+        policy = plain_policy(origin, max_bytes=MiB, clients=clients)
+        first = await _peer_port(f"{origin}/peer", policy, tmp_path)
+        with pytest.raises(OutputTooLarge):
+            await download_to_file(f"{origin}/bytes/{3 * MiB}?nolength=1", policy, str(tmp_path))
+        assert await _peer_port(f"{origin}/peer", policy, tmp_path) != first
+    finally:
+        await clients.aclose()
+
+
+async def test_shared_clients_keep_at_most_max_origins(outputs, tmp_path):
+    names = ["a.test", "b.test", "c.test"]
+    dns = FakeDns({name: ["127.0.0.1"] for name in names})
+    origins = [f"http://{name}:{outputs.port}" for name in names]
+    clients = DownloadClients(max_origins=2)
+    try:
+        policy = plain_policy(*origins, clients=clients)
+        ports = [await _peer_port(f"{o}/peer", policy, tmp_path, resolve=dns) for o in origins]
+        assert len(clients) == 2 and len(set(ports)) == 3
+        # a.test, the least recently used, made room: its next download connects anew.
+        assert await _peer_port(f"{origins[0]}/peer", policy, tmp_path, resolve=dns) != ports[0]
+        assert await _peer_port(f"{origins[2]}/peer", policy, tmp_path, resolve=dns) == ports[2]
+    finally:
+        await clients.aclose()
