@@ -847,7 +847,7 @@ async def bench_rss(env: Env, p: Params) -> list[Row]:
         if r == 0:
             notes.append(f"one real settler process; RSS sampled every 10 ms; growth = peak − RSS just before the "
                          f"job; the {p.rss_bytes / 1024**2:,.0f} MiB job took {took:.1f} s create→succeeded "
-                         "(download + sha256 + file storage copy with fsync)")
+                         "(download + sha256 + fsync and rename into file storage)")
     return [Row("rss", "rss", f"peak RSS growth settling a {p.rss_bytes / 1024**2:,.0f} MiB output", "MiB", ours,
                 [small], "≤ 64 MiB", lambda row: row.ours.median <= 64, notes)]
 
