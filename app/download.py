@@ -128,7 +128,9 @@ class DownloadClients:
         self._clients: dict[str, httpx.AsyncClient] = {}  # least recently used first
         self._users: dict[str, int] = {}
 
-    def __len__(self) -> int:
+    @property
+    def kept(self) -> int:
+        """Origins with a client kept now."""
         return len(self._clients)
 
     def _new(self, verify: ssl.SSLContext, keep: int) -> httpx.AsyncClient:
@@ -452,7 +454,7 @@ async def _download(url: str, policy: DownloadPolicy, file, digest,
     timeout = httpx.Timeout(connect=policy.connect_timeout_s, read=policy.stall_timeout_s,
                             write=policy.stall_timeout_s, pool=policy.connect_timeout_s)
     # None shared: this download's own, closed after it.
-    clients = policy.clients if policy.clients is not None else DownloadClients(per_origin=0)
+    clients = policy.clients or DownloadClients(per_origin=0)
     try:
         current = _parse_checked(url, policy)
         redirects = 0

@@ -375,7 +375,7 @@ with claimed as (
 update jobs j set status = '{JobStatus.SUBMITTING}', submit_in_doubt = true,
     provider_call_started_at = coalesce(j.provider_call_started_at, now()),
     submit_attempts = j.submit_attempts + 1, updated_at = now(),
-    capacity_entry = case when j.status = '{JobStatus.QUEUED}' then $3 else j.capacity_entry end
+    capacity_entry = case when j.status = '{JobStatus.QUEUED}' then :entry else j.capacity_entry end
 from (select id, submit_in_doubt from jobs where id = $1 for update) old
 where j.id = $1 and j.id = old.id and j.provider_task_id is null
   and j.status in {sql_list((JobStatus.QUEUED, JobStatus.SUBMITTING))}
@@ -388,7 +388,7 @@ returning j.*, old.submit_in_doubt as was_in_doubt
 )
 select * from claimed
 """
-BEGIN_SUBMIT = _BEGIN_SUBMIT.replace(":caps", f"""
+BEGIN_SUBMIT = _BEGIN_SUBMIT.replace(":entry", "$3").replace(":caps", f"""
   and (j.status = '{JobStatus.SUBMITTING}'
        or (($2::int is null or ({_SUBMITTED_OF_PROVIDER}) < $2)
            and ($4::int is null or ({_SUBMITTED_OF_PROVIDER} and s.capacity_entry = $3::text) < $4)))""")
@@ -396,7 +396,7 @@ BEGIN_SUBMIT = _BEGIN_SUBMIT.replace(":caps", f"""
 # statement: with the cap counts in it, PostgreSQL prices a generic plan
 # above a custom one and plans the statement afresh on every call
 # (pg_stat_statements: a plan per call, 0.28 ms each, in `longcall bench`).
-BEGIN_SUBMIT_UNCAPPED = _BEGIN_SUBMIT.replace(":caps", "").replace("then $3 else", "then null else")
+BEGIN_SUBMIT_UNCAPPED = _BEGIN_SUBMIT.replace(":entry", "null").replace(":caps", "")
 CAPACITY_LOCK = "select pg_advisory_xact_lock(hashtext('longcall-capacity:' || $1))"
 
 # Why a claim took nothing: closed or already submitted, paused, or over a cap.

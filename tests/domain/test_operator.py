@@ -13,6 +13,7 @@ import pytest
 
 from app.domain import jobs, operator, owners
 from app.vocabulary import JobError
+from tests.support.plans import plan_nodes
 
 JOB = "job_" + "0" * 24
 OWNER = "own_" + "0" * 24
@@ -53,17 +54,8 @@ async def test_each_operator_read_is_served_by_an_index(db, statement, args):
 
 def seq_scanned(plan: list) -> set[str]:
     """The relations a JSON plan reads with sequential scans."""
-    found: set[str] = set()
-
-    def walk(node: dict) -> None:
-        if node.get("Node Type") == "Seq Scan":
-            found.add(node["Relation Name"])
-        for child in node.get("Plans", []):
-            walk(child)
-
-    for top in plan:
-        walk(top["Plan"])
-    return found
+    return {node["Relation Name"] for top in plan for node in plan_nodes(top["Plan"])
+            if node.get("Node Type") == "Seq Scan"}
 
 
 async def test_an_operators_grant_moves_once_per_key(db, make_owner):

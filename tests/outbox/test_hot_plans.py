@@ -14,14 +14,9 @@ import pytest
 from app.domain import jobs
 from app.vocabulary import JobStatus
 from outbox import intents
+from tests.support.plans import plan_nodes
 
 GROWN_TO = 2000
-
-
-def _nodes(node):
-    yield node
-    for child in node.get("Plans", []):
-        yield from _nodes(child)
 
 
 @pytest.fixture
@@ -64,7 +59,8 @@ async def test_a_generic_plan_from_stale_statistics_reads_jobs_by_primary_key(db
             [plan] = await conn.fetchval("explain (analyze, format json) " + sql, *args)
         finally:
             await run.rollback()
-    on_jobs = [n for n in _nodes(plan["Plan"]) if n.get("Relation Name") == "jobs" and n["Node Type"] != "ModifyTable"]
+    on_jobs = [n for n in plan_nodes(plan["Plan"])
+               if n.get("Relation Name") == "jobs" and n["Node Type"] != "ModifyTable"]
     assert on_jobs, "the statement reads jobs"
     for node in on_jobs:
         assert (node["Node Type"], node.get("Index Name")) == ("Index Scan", "jobs_pkey"), node

@@ -10,6 +10,7 @@ import pytest
 from app.db import OUTBOX_CHANNEL
 from app.domain import jobs
 from outbox import intents
+from tests.support.plans import plan_nodes
 
 
 @pytest.fixture
@@ -343,12 +344,6 @@ async def test_a_claim_walks_past_no_intent_another_worker_holds(db, make_owner)
             plan = await conn.fetchval("explain (analyze, format json) " + intents.CLAIM, 10, 60.0, 0, False)
         finally:
             await explain.rollback()
-    [due_work] = [n for n in _nodes(plan[0]["Plan"]) if n.get("Subplan Name") == "CTE due_work"]
-    [scan] = [n for n in _nodes(due_work) if n.get("Index Name") == "outbox_due"]
+    [due_work] = [n for n in plan_nodes(plan[0]["Plan"]) if n.get("Subplan Name") == "CTE due_work"]
+    [scan] = [n for n in plan_nodes(due_work) if n.get("Index Name") == "outbox_due"]
     assert scan["Actual Rows"] == 3 and scan.get("Rows Removed by Filter", 0) == 0
-
-
-def _nodes(node):
-    yield node
-    for child in node.get("Plans", []):
-        yield from _nodes(child)
