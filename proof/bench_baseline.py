@@ -6,6 +6,12 @@ then answers 204. `python -m proof.bench_baseline --port P` with
 DATABASE_URL and BENCH_WEBHOOK_SECRET in the environment. It takes the very
 same request bytes as our webhook route, so the two are compared on equal
 input.
+
+Its pool is asyncpg's default, as a minimal endpoint is written: each
+connection is reset when it goes back to the pool (`SELECT
+pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), a second round
+trip per request. `--no-pool-reset` skips it, as longcall's own pools do
+(app/db.py): one round trip, the strict floor.
 """
 from __future__ import annotations
 
@@ -27,7 +33,11 @@ CREATE_TABLE = f"create table if not exists {TABLE} (id text primary key, n inte
 UPSERT = f"insert into {TABLE} (id, n) values ($1, 1) on conflict (id) do update set n = {TABLE}.n + 1"
 
 
-def create_app(database_url: str, secret: str) -> Starlette:
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Release without the server-side reset (asyncpg still rolls back an open transaction)."""
+
+
+def create_app(database_url: str, secret: str, *, pool_reset: bool = True) -> Starlette:
     key = secret.encode()
 
     async def receive(request: Request) -> Response:
@@ -47,7 +57,8 @@ def create_app(database_url: str, secret: str) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         # The same pool size as the web tier's (app/web/__init__.py).
-        app.state.pool = await asyncpg.create_pool(database_url, min_size=2, max_size=20)
+        app.state.pool = await asyncpg.create_pool(database_url, min_size=2, max_size=20,
+                                                   reset=None if pool_reset else _keep_session)
         try:
             yield
         finally:
@@ -64,8 +75,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="bench_baseline")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--no-pool-reset", action="store_true",
+                        help="release pooled connections without asyncpg's server-side reset")
     args = parser.parse_args()
-    app = create_app(os.environ["DATABASE_URL"], os.environ["BENCH_WEBHOOK_SECRET"])
+    app = create_app(os.environ["DATABASE_URL"], os.environ["BENCH_WEBHOOK_SECRET"],
+                     pool_reset=not args.no_pool_reset)
     # The same uvicorn settings as `longcall serve` (app/cli.py).
     uvicorn.run(app, host=args.host, port=args.port, log_config=uvicorn_log_config(),
                 access_log=False, proxy_headers=True, lifespan="on")

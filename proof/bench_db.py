@@ -1,7 +1,8 @@
 """Baselines measured straight against PostgreSQL from the bench process:
-raw asyncpg statements, a raw batched SKIP LOCKED delete loop, and
-procrastinate (https://procrastinate.readthedocs.io) running no-op tasks on
-the same database with the same worker concurrency as our settler."""
+raw asyncpg statements (on a pool like longcall's: no session reset on
+release), a raw batched SKIP LOCKED delete loop, and procrastinate
+(https://procrastinate.readthedocs.io) running no-op tasks on the same
+database with the same worker concurrency as our settler."""
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +12,7 @@ from collections.abc import Callable
 
 import asyncpg
 
+from app import db as app_db
 from proof.bench_load import percentile, run_closed, run_open
 
 SKIP_LOCKED_BATCH = 500
@@ -24,7 +26,8 @@ async def raw_statement_rate(url: str, sql: str, args: list[tuple], *, connectio
     again unless `n_items` stops at their end. With `cpu` (the server's CPU
     seconds so far), `cpu_s` is what the run cost it, read while its
     backends are still alive."""
-    pool = await asyncpg.create_pool(url, min_size=connections, max_size=connections)
+    # longcall's pool (no session reset on release): one round trip a statement.
+    pool = await app_db.create_pool(url, role="bench-raw", min_size=connections, max_size=connections)
     try:
         async def call(i: int) -> int:
             await pool.execute(sql, *args[i % len(args)])

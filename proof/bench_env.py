@@ -38,6 +38,10 @@ SECRET_KEY = "bench-secret-key-" + "0" * 16
 WEBHOOK_SECRET = "bench-webhook-secret-0123456789"  # every bench job's t/v1 secret (encrypted per job)
 SETTLER_ROLE = "bench_settler"  # pg_stat_statements has no application name: a role tells statements apart
 PROCRASTINATE_ROLE = "bench_procrastinate"
+# The floor's two processes (proof/bench_baseline.py): as a minimal endpoint
+# is written with asyncpg's defaults (a session reset on each release), and
+# without the reset (one round trip a request, as longcall's pools).
+BASELINES = {"baseline": [], "baseline-bare": ["--no-pool-reset"]}
 TABLES = "outbox, assets, ledger, jobs, api_keys, owners, provider_pauses"
 
 
@@ -200,7 +204,7 @@ class Env:
         return self.ports[name]
 
     async def start(self, name: str, *, env: dict | None = None, **kw) -> Proc:
-        """web, sim, baseline (ports), or a settler under any name (no port)."""
+        """web, sim, a baseline (ports), or a settler under any name (no port)."""
         if name in self.procs and self.procs[name].alive():
             return self.procs[name]
         py = sys.executable
@@ -208,13 +212,13 @@ class Env:
             argv = [py, "-m", "app", "serve", "--host", "127.0.0.1", "--port", str(self.port(name))]
         elif name == "sim":
             argv = [py, "-m", "app.simulator", "--host", "127.0.0.1", "--port", str(self.port(name))]
-        elif name == "baseline":
-            argv = [py, "-m", "proof.bench_baseline", "--port", str(self.port(name))]
+        elif name in BASELINES:
+            argv = [py, "-m", "proof.bench_baseline", "--port", str(self.port(name)), *BASELINES[name]]
         else:
             argv = [py, "-m", "app", "settler", "--concurrency", str(kw.get("concurrency", 16))]
         proc = Proc(name, argv, env or self.child_env(), self.logs)
         self.procs[name] = proc
-        if name in ("web", "sim", "baseline"):
+        if name in ("web", "sim", *BASELINES):
             await proc.wait_port(self.port(name))
         return proc
 

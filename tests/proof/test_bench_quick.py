@@ -54,6 +54,11 @@ def test_quick_bench_prints_every_row(tmp_path):
     probe = [n for n in rows["ingest"]["notes"] if n.startswith("our webhook write alone")]
     labels = ("as written", "waiting for the flush", "without its NOTIFY")
     assert len(probe) == 1 and all(label in probe[0] for label in labels), rows["ingest"]
+    # Both floors beside the goal's: with asyncpg's default pool reset, and without it.
+    assert [b["name"] for b in rows["ingest"]["baselines"]] == [
+        "minimal endpoint", "raw asyncpg upsert", "minimal endpoint without pool reset"]
+    assert [b["name"] for b in rows["e2e_cpu"]["baselines"]] == [
+        "minimal endpoint (server + PostgreSQL)", "the same without pool reset"]
     assert "nproc" in done.stdout or "CPUs" in done.stdout
     # Quick mode must stay quick: it runs in the default suite.
     assert took < 90, f"bench --quick took {took:.0f} s"
