@@ -625,6 +625,7 @@ async def bench_e2e(env: Env, p: Params) -> list[Row]:
                              f"/ p99 {lat['whole99']:.1f} ms")
             lat_notes.append(f"the warm-up's jobs (a settler's first {p.latency_warmup_s:g} s after its start): "
                              f"webhook→succeeded p50 {lat['warm50']:.1f} / p99 {lat['warm99']:.1f} ms")
+        lat_notes.append(f"round {r + 1}: {lat['phases']}")
         low = await _paced_latency(env, p, p.low_rate)
         low_lat.values.append(low["p99"])
         low_lat.p50.append(low["p50"])
@@ -702,7 +703,47 @@ async def _paced_latency(env: Env, p: Params, rate: float) -> dict:
         raise RuntimeError(f"only {lat['ok']} of {k} paced jobs succeeded")
     result = {name: float(lat[name]) for name in ("p50", "p99", "whole50", "whole99", "warm50", "warm99")}
     result["others_share"] = env.others_share(since)
+    result["phases"] = await _latency_phases(env, owner.owner_id, p.latency_task_s)
     return result
+
+
+# Where webhook→succeeded goes, from the timeline's own timestamps (job_events.at
+# is the clock at the line's insert; finished_at is the close's transaction
+# start, so the close's commit is outside the figure): the submit (call start →
+# task id saved), the webhook (task id saved → webhook accepted, less the task's
+# duration) and the settle (webhook accepted → the close begins: claim, status
+# call, download, storing the output). Medians of the slowest 1% and of all.
+LATENCY_PHASES = f"""
+with w as (
+  select extract(epoch from j.finished_at - j.provider_call_started_at) * 1000 - $2 as hook,
+    extract(epoch from s.at - j.provider_call_started_at) * 1000 as submit,
+    extract(epoch from h.at - s.at) * 1000 - $2 as webhook,
+    extract(epoch from j.finished_at - h.at) * 1000 as settle
+  from jobs j
+  join lateral (select min(at) as at from job_events
+                where job_id = j.id and type = '{EventType.TASK_SAVED}') s on true
+  join lateral (select min(at) as at from job_events
+                where job_id = j.id and type = '{EventType.WEBHOOK_ACCEPTED}') h on true
+  where j.owner_id = $1 and j.status = 'succeeded'),
+tail as (select percentile_disc(0.99) within group (order by hook) as p99 from w)
+select w.hook >= tail.p99 as slowest, count(*) as n,
+  percentile_cont(0.5) within group (order by submit) as submit,
+  percentile_cont(0.5) within group (order by webhook) as webhook,
+  percentile_cont(0.5) within group (order by settle) as settle
+from w, tail group by 1 order by 1 desc"""
+
+
+async def _latency_phases(env: Env, owner_id: str, task_s: float) -> str:
+    rows = {r["slowest"]: r for r in await env.pool.fetch(LATENCY_PHASES, owner_id, task_s * 1000)}
+
+    def said(r) -> str:
+        if r is None:
+            return "none"
+        return (f"submit {r['submit']:.1f}, webhook {r['webhook']:.1f}, settle {r['settle']:.1f} ms "
+                f"({r['n']} jobs)")
+    return ("medians by phase (submit: call start → task id saved; webhook: → webhook accepted, less the "
+            f"task's duration; settle: → the close begins): slowest 1% {said(rows.get(True))}; "
+            f"the rest {said(rows.get(False))}")
 
 
 async def _count_is(env: Env, n: int) -> bool:

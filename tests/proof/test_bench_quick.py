@@ -59,6 +59,11 @@ def test_quick_bench_prints_every_row(tmp_path):
         "minimal endpoint", "raw asyncpg upsert", "minimal endpoint without pool reset"]
     assert [b["name"] for b in rows["e2e_cpu"]["baselines"]] == [
         "minimal endpoint (server + PostgreSQL)", "the same without pool reset"]
+    # Where the latency row's tail goes, by phase, from the jobs' timelines.
+    phases = [n for n in rows["e2e_latency"]["notes"] if n.startswith("round 1: medians by phase")]
+    assert len(phases) == 1 and "slowest 1% submit" in phases[0], rows["e2e_latency"]
     assert "nproc" in done.stdout or "CPUs" in done.stdout
-    # Quick mode must stay quick: it runs in the default suite.
-    assert took < 90, f"bench --quick took {took:.0f} s"
+    # Quick mode must stay quick: it runs in the default suite. (About 70 s
+    # on a 2-core box; the bound catches a quick mode grown to full windows,
+    # not a loaded machine.)
+    assert took < 180, f"bench --quick took {took:.0f} s"
