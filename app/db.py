@@ -16,7 +16,7 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
+async def keep_session(conn: asyncpg.Connection) -> None:
     """Pool release without asyncpg's default server-side reset (`SELECT
     pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), which costs
     a round trip and four statements on every release. Pooled connections
@@ -29,7 +29,7 @@ async def create_pool(dsn: str, *, role: str, min_size: int = 1, max_size: int =
     """`role` becomes the connection's application_name (longcall-web,
     longcall-settler, ...): `longcall status` counts settlers by it."""
     return await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session,
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=keep_session,
         server_settings={"application_name": f"longcall-{role}"},
         command_timeout=60,
     )

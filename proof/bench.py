@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from app.vocabulary import EventType, IntentKind, NotificationType
+from app.vocabulary import EventType, IntentKind, JobStatus, NotificationType
 from outbox import intents
 from proof import BENCH_GROUPS, bench_db
 from proof.bench_baseline import CREATE_TABLE
@@ -184,11 +184,12 @@ def _expect(result: dict, status: str, what: str) -> None:
 
 # --- the floor: a minimal endpoint and the raw upsert ---------------------------------------
 
-async def _floor(env: Env, p: Params, rate: float | None = None, *,
-                 baseline: str = "baseline") -> tuple[dict, dict | None]:
+async def _floor(env: Env, p: Params, rate: float | None = None, *, baseline: str = "baseline",
+                 with_raw: bool = False) -> tuple[dict, dict | None]:
     """The minimal HMAC + upsert endpoint (`baseline`: one of bench_env.BASELINES),
-    and the raw single-row upsert, on `max_rate × window` fresh rows (each
-    upsert takes its update path, as our webhook's coalescing upsert does)."""
+    and with `with_raw` the raw single-row upsert, on `max_rate × window` fresh
+    rows (each upsert takes its update path, as our webhook's coalescing upsert
+    does)."""
     await env.start(baseline)
     n = int((rate or p.max_rate) * (p.duration_s + p.warmup_s)) + 10
     fake_ids = [f"job_{i:024x}" for i in range(1, n + 1)]
@@ -201,7 +202,7 @@ async def _floor(env: Env, p: Params, rate: float | None = None, *,
                               connections=p.connections, duration_s=p.duration_s, warmup_s=p.warmup_s,
                               watch=(baseline,))
     _expect(endpoint, "204", "minimal endpoint")
-    if rate or baseline != "baseline":
+    if not with_raw:
         return endpoint, None
     # The web tier's pool size (app/web/__init__.py): as many statements in flight.
     raw = await bench_db.raw_statement_rate(env.url, HOOK_UPSERT, [(j,) for j in fake_ids], connections=20,
@@ -273,7 +274,7 @@ async def bench_ingest(env: Env, p: Params) -> list[Row]:
         ours_lat.values.append(fixed["p99_ms"])
         others_lat.append(fixed["others_share"])
         ours_lat.p50.append(fixed["p50_ms"])
-        endpoint, raw_got = await _floor(env, p)
+        endpoint, raw_got = await _floor(env, p, with_raw=True)
         floor.values.append(endpoint["rate"])
         raw.values.append(raw_got["rate"])
         endpoint_bare, _ = await _floor(env, p, baseline="baseline-bare")
@@ -320,7 +321,7 @@ async def bench_create(env: Env, p: Params) -> list[Row]:
         _expect(got, "202", "job creation")
         ours.values.append(got["rate"])
         others.append(got["others_share"])
-        endpoint, raw_got = await _floor(env, p)
+        endpoint, raw_got = await _floor(env, p, with_raw=True)
         floor.values.append(endpoint["rate"])
         raw.values.append(raw_got["rate"])
         if r == 0:
@@ -724,7 +725,7 @@ with w as (
                 where job_id = j.id and type = '{EventType.TASK_SAVED}') s on true
   join lateral (select min(at) as at from job_events
                 where job_id = j.id and type = '{EventType.WEBHOOK_ACCEPTED}') h on true
-  where j.owner_id = $1 and j.status = 'succeeded'),
+  where j.owner_id = $1 and j.status = '{JobStatus.SUCCEEDED}'),
 tail as (select percentile_disc(0.99) within group (order by hook) as p99 from w)
 select w.hook >= tail.p99 as slowest, count(*) as n,
   percentile_cont(0.5) within group (order by submit) as submit,

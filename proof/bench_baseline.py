@@ -28,13 +28,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from app import db as app_db
+
 TABLE = "bench_hook"
 CREATE_TABLE = f"create table if not exists {TABLE} (id text primary key, n integer not null default 0)"
 UPSERT = f"insert into {TABLE} (id, n) values ($1, 1) on conflict (id) do update set n = {TABLE}.n + 1"
-
-
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """Release without the server-side reset (asyncpg still rolls back an open transaction)."""
 
 
 def create_app(database_url: str, secret: str, *, pool_reset: bool = True) -> Starlette:
@@ -58,7 +56,7 @@ def create_app(database_url: str, secret: str, *, pool_reset: bool = True) -> St
     async def lifespan(app: Starlette):
         # The same pool size as the web tier's (app/web/__init__.py).
         app.state.pool = await asyncpg.create_pool(database_url, min_size=2, max_size=20,
-                                                   reset=None if pool_reset else _keep_session)
+                                                   reset=None if pool_reset else app_db.keep_session)
         try:
             yield
         finally:
