@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import httpcore
 import httpx
 import pytest
+from httpcore._async.connection_pool import AsyncPoolRequest
 
-from app.http_transport import AsyncioTransport
+from app.http_transport import AsyncioTransport, _Pool
 from tests.support.raw_server import serve_raw  # noqa: F401 (a fixture; it reads each first request head)
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
@@ -104,6 +106,7 @@ def test_the_httpx_and_httpcore_seams_it_relies_on_still_exist():
     """AsyncioTransport skips AsyncHTTPTransport.__init__ and sets `_pool`
     itself, and implements httpcore's network backend. If an httpx or
     httpcore release renames what it touches, this fails before users do."""
+    import importlib
     import inspect
 
     import httpcore
@@ -124,3 +127,151 @@ def test_the_httpx_and_httpcore_seams_it_relies_on_still_exist():
     # The transport builds its pool with our backend, and closing it works.
     transport = AsyncioTransport()
     assert isinstance(transport._pool, httpcore.AsyncConnectionPool)
+    # _Pool replaces httpcore's bookkeeping pass: what it reads and calls.
+    for name in ("_assign_requests_to_connections", "_close_connections", "create_connection"):
+        assert callable(getattr(httpcore.AsyncConnectionPool, name)), name
+    for name in ("_connections", "_requests", "_max_connections", "_max_keepalive_connections"):
+        assert hasattr(transport._pool, name), name
+    source = inspect.getsource(importlib.import_module("httpcore._async.connection_pool"))
+    assert source.count("self._assign_requests_to_connections()") >= 2  # on each request and each close
+    for name in ("connection", "is_queued", "assign_to_connection"):
+        assert hasattr(AsyncPoolRequest(httpcore.Request("GET", "http://a.example/")), name), name
+
+
+async def test_a_burst_shares_the_pools_connections(serve_raw):
+    async def handle(reader, writer):
+        while True:
+            await asyncio.sleep(0.005)  # answers overlap, so the burst queues for the four
+            writer.write(OK)
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
+
+    raw = await serve_raw(handle)
+    transport = AsyncioTransport(limits=httpx.Limits(max_connections=4))
+    async with httpx.AsyncClient(transport=transport, trust_env=False, timeout=10) as c:
+        for _ in range(2):
+            answers = await asyncio.gather(*[c.get(raw.url) for _ in range(40)])
+            assert [r.status_code for r in answers] == [200] * 40
+        assert len(raw.writers) == 4  # the second burst made none
+        assert raw.requests == 4
+
+
+async def test_the_keep_alive_limit_counts_idle_connections(serve_raw):
+    # httpcore 1.0 compares all its connections with the limit, so a busy
+    # pool closes each connection that comes back, and the next burst
+    # connects anew; ours keeps up to the limit of idle ones.
+    gates: list[asyncio.Event] = []  # one per request received, in order
+    arrived = asyncio.Condition()
+
+    async def handle(reader, writer):
+        while True:
+            gate = asyncio.Event()
+            async with arrived:
+                gates.append(gate)
+                arrived.notify_all()
+            await gate.wait()
+            writer.write(OK)
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
+
+    async def received(n: int) -> None:
+        async with arrived:
+            await arrived.wait_for(lambda: len(gates) >= n)
+
+    raw = await serve_raw(handle)
+    transport = AsyncioTransport(limits=httpx.Limits(max_connections=10, max_keepalive_connections=2))
+    async with httpx.AsyncClient(transport=transport, trust_env=False, timeout=10) as c:
+        busy = [asyncio.ensure_future(c.get(raw.url)) for _ in range(6)]
+        await received(6)
+        for gate in gates[:3]:
+            gate.set()
+        finished = asyncio.as_completed(busy)
+        for _ in range(3):
+            await next(finished)
+        # Three busy, two idle kept, one closed.
+        assert len(transport._pool._connections) == 5
+        more = [asyncio.ensure_future(c.get(raw.url)) for _ in range(3)]
+        await received(9)
+        for gate in gates:
+            gate.set()
+        answers = await asyncio.gather(*busy, *more)
+    assert [r.status_code for r in answers] == [200] * 9
+    assert len(raw.writers) == 7  # six, and one for the third of the next three
+
+
+class _Connection:
+    """A stand-in for an httpcore connection's state, for the pool's pass alone."""
+
+    def __init__(self, origin: httpcore.Origin, state: str):
+        self.origin, self.state = origin, state
+
+    def can_handle_request(self, origin: httpcore.Origin) -> bool:
+        return origin == self.origin
+
+    def is_available(self) -> bool:
+        return self.state == "idle"
+
+    def is_idle(self) -> bool:
+        return self.state in ("idle", "expired")
+
+    def has_expired(self) -> bool:
+        return self.state == "expired"
+
+    def is_closed(self) -> bool:
+        return self.state == "closed"
+
+
+A = httpcore.Origin(b"http", b"a.example", 80)
+B = httpcore.Origin(b"http", b"b.example", 80)
+
+
+def _request(origin: httpcore.Origin) -> AsyncPoolRequest:
+    # The pass tests are async only because httpcore's request events need a running loop.
+    return AsyncPoolRequest(httpcore.Request("GET", f"http://{origin.host.decode()}/"))
+
+
+def _pool(connections, requests, *, max_connections=10, max_keepalive=10) -> _Pool:
+    pool = _Pool(max_connections=max_connections, max_keepalive_connections=max_keepalive)
+    pool._connections = list(connections)
+    pool._requests = list(requests)
+    return pool
+
+
+async def test_pass_gives_an_idle_connection_to_one_request_only():
+    idle = _Connection(A, "idle")
+    first, second = _request(A), _request(A)
+    pool = _pool([idle], [first, second])
+    assert pool._assign_requests_to_connections() == []
+    assert first.connection is idle
+    assert second.connection is not None and second.connection is not idle  # a new one
+    assert len(pool._connections) == 2
+
+
+async def test_pass_leaves_a_connection_handed_out_to_its_request():
+    # Handed to `started` in an earlier pass; it has not begun on it, so it still looks idle.
+    held = _Connection(A, "idle")
+    started, waiting = _request(A), _request(A)
+    started.assign_to_connection(held)
+    pool = _pool([held], [started, waiting], max_keepalive=0)
+    assert pool._assign_requests_to_connections() == []  # not closed as surplus
+    assert waiting.connection is not held
+    assert held in pool._connections
+
+
+async def test_pass_drops_closed_closes_expired_and_surplus_idle():
+    closed, expired = _Connection(A, "closed"), _Connection(A, "expired")
+    idle = [_Connection(A, "idle") for _ in range(3)]
+    busy = _Connection(A, "active")
+    pool = _pool([closed, expired, *idle, busy], [], max_keepalive=1)
+    assert pool._assign_requests_to_connections() == [expired, idle[0], idle[1]]
+    assert pool._connections == [idle[2], busy]
+
+
+async def test_pass_replaces_an_idle_connection_when_the_pool_is_full():
+    to_a, busy = _Connection(A, "idle"), _Connection(B, "active")
+    for_b, also_for_b = _request(B), _request(B)
+    pool = _pool([to_a, busy], [for_b, also_for_b], max_connections=2)
+    assert pool._assign_requests_to_connections() == [to_a]
+    assert for_b.connection is not None and for_b.connection.can_handle_request(B)
+    assert also_for_b.is_queued()  # no room and nothing idle: it waits
+    assert pool._connections == [busy, for_b.connection]
