@@ -530,7 +530,8 @@ async def _e2e_run(env: Env, p: Params, *, owners_n: int = 1, receiver: str | No
     sent = int(await env.pool.fetchval(f"select coalesce(sum(calls), 0) {counted} and s.toplevel"))
     nested = int(await env.pool.fetchval(f"select coalesce(sum(calls), 0) {counted} and not s.toplevel"))
     top = await env.pool.fetch(f"""
-        select s.calls, s.total_exec_time, s.query {counted} and s.toplevel
+        select s.calls, s.total_exec_time, s.shared_blks_hit + s.shared_blks_read as blocks, s.query
+        {counted} and s.toplevel
         order by s.total_exec_time desc limit 10""")
     stats = (await _sim_request(env, "GET", "/_sim/stats")).json()
     notes = ["CPU per job: " + ", ".join(f"{k} {v:.0f} µs" for k, v in cpu.items()),
@@ -538,9 +539,9 @@ async def _e2e_run(env: Env, p: Params, *, owners_n: int = 1, receiver: str | No
              f"{m} jobs (a webhook that beats the saved task id is refused, then retried 1 s later); "
              f"status calls {stats['status_calls']}",
              f"statements per job: {sent / m:.1f} sent, and {nested / m:.1f} foreign-key checks run inside them; "
-             "top by server time (calls/job, mean ms):"]
-    notes += [f"  {x['calls'] / m:.2f}/job {x['total_exec_time'] / max(1, x['calls']):.2f} ms  "
-              f"{' '.join(x['query'].split())[:80]}" for x in top]
+             "top by server time (calls/job, mean ms, mean buffers read or hit):"]
+    notes += [f"  {x['calls'] / m:.2f}/job {x['total_exec_time'] / max(1, x['calls']):.2f} ms "
+              f"{x['blocks'] / max(1, x['calls']):.0f} buf  {' '.join(x['query'].split())[:80]}" for x in top]
     if receiver:
         delivered = await env.pool.fetchval("select count(*) from deliveries where status = 'delivered'")
         notes.append(f"notifications: {delivered} delivered to the receiver ({delivered / m:.1f} per job)")
