@@ -2,7 +2,10 @@
 
 Nothing secret is ever passed to a log call; query strings (read tokens,
 capability tokens) never reach the log because uvicorn's access log is off and
-ours logs paths only.
+ours logs paths only. The HTTP client's own loggers are held at WARNING
+whatever LOG_LEVEL says: httpx logs every request's full URL at INFO, and an
+output URL's query is often its only key (a presigned S3 or Azure SAS
+signature); httpcore traces every request at DEBUG.
 """
 from __future__ import annotations
 
@@ -30,12 +33,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+QUIET_LOGGERS = ("httpx", "httpcore")  # they log URLs with their queries
+
+
 def configure_logging(level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
 
 
 def uvicorn_log_config() -> dict:
