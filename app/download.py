@@ -47,7 +47,7 @@ from app.download_errors import HostBusy as HostBusy
 from app.download_errors import OutputGone as OutputGone
 from app.download_errors import OutputTooLarge as OutputTooLarge
 from app.download_errors import Refused as Refused
-from app.http_transport import AsyncioTransport
+from app.http_transport import AsyncioTransport, outbound_client
 from app.origins import DEFAULT_PORTS, format_origin
 
 CHUNK_BYTES = 1024 * 1024  # writes are batched to this size; memory stays near it
@@ -134,10 +134,8 @@ class DownloadClients:
         return len(self._clients)
 
     def _new(self, verify: ssl.SSLContext, keep: int) -> httpx.AsyncClient:
-        # trust_env=False: a proxy from the environment would undo the address pinning.
-        return httpx.AsyncClient(follow_redirects=False, trust_env=False,
-                                 transport=AsyncioTransport(verify=verify, limits=httpx.Limits(
-                                     max_keepalive_connections=keep, keepalive_expiry=self.idle_s)))
+        return outbound_client(AsyncioTransport(verify=verify, limits=httpx.Limits(
+            max_keepalive_connections=keep, keepalive_expiry=self.idle_s)))
 
     @contextlib.asynccontextmanager
     async def client(self, origin_: str, verify: ssl.SSLContext) -> AsyncIterator[httpx.AsyncClient]:

@@ -20,6 +20,12 @@ per request with httpcore's pass, 0.62 ms with this one; at the pool alone
 0.77 ms against 0.38. The same fix is upstream in review (encode/httpcore
 #1035) and merged in pydantic's httpx2 fork (#974, #1075).
 
+`outbound_client` is the one way our processes make an httpx client: no
+redirects followed, no proxy or certificates from the environment, and no
+cookies kept. One client serves every owner's calls to a host (a provider,
+an output host, a notification endpoint), so a cookie one response set
+would ride on the next owner's request.
+
 The errors raised are httpcore's own, chosen exactly as its anyio backend
 chooses them, so httpx maps them as usual: anything before the connection is
 up (resolve, connect, TLS handshake) is a ConnectError/ConnectTimeout — which
@@ -29,6 +35,7 @@ Read/Write error or timeout.
 from __future__ import annotations
 
 import asyncio
+import http.cookiejar
 import ssl
 import typing
 
@@ -191,3 +198,26 @@ class AsyncioTransport(httpx.AsyncHTTPTransport):
             keepalive_expiry=limits.keepalive_expiry,
             network_backend=_Backend(),
         )
+
+
+class _NoCookies(http.cookiejar.CookieJar):
+    """A cookie jar that keeps nothing (httpx takes any CookieJar)."""
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        return
+
+    def extract_cookies(self, response: typing.Any, request: typing.Any) -> None:
+        return
+
+
+_DEFAULT_TIMEOUT = httpx.Timeout(5.0)  # httpx's own default, for callers that time each request
+
+
+def outbound_client(transport: httpx.AsyncBaseTransport,
+                    timeout: httpx.Timeout = _DEFAULT_TIMEOUT) -> httpx.AsyncClient:
+    """An httpx client for calls out of longcall: redirects are the caller's
+    to follow (each hop is checked), proxies and certificates never come
+    from the environment (a proxy would undo the address pinning), and no
+    cookie is kept from one request to the next."""
+    return httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False, trust_env=False,
+                             cookies=_NoCookies())

@@ -1,8 +1,9 @@
 """The provider HTTP client's own cost: `python -m proof.bench_http
 TRANSPORT URL REQUESTS CONCURRENCY` GETs URL with one httpx client, as the
 settler does, and prints one JSON line: requests/s and the client process's
-CPU per request. TRANSPORT is `ours` (app/http_transport.py) or `httpx`
-(httpx's default transport, through anyio). Run in a fresh process per
+CPU per request. TRANSPORT is `ours` (app/http_transport.py's
+outbound_client, as the settler makes it) or `httpx` (httpx's default
+client and transport, through anyio). Run in a fresh process per
 measurement, so neither variant inherits the other's warm state."""
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 
 import httpx
 
-from app.http_transport import AsyncioTransport
+from app.http_transport import AsyncioTransport, outbound_client
 
 
 def _cpu_s() -> float:
@@ -23,9 +24,9 @@ def _cpu_s() -> float:
 
 
 async def measure(transport: str, url: str, requests: int, concurrency: int) -> dict:
-    # None: httpx's default transport.
-    chosen: httpx.AsyncBaseTransport | None = AsyncioTransport() if transport == "ours" else None
-    async with httpx.AsyncClient(trust_env=False, timeout=30, transport=chosen) as client:
+    client = outbound_client(AsyncioTransport(), httpx.Timeout(30)) if transport == "ours" \
+        else httpx.AsyncClient(trust_env=False, timeout=30)
+    async with client:
         async def worker(n: int) -> None:
             for _ in range(n):
                 r = await client.get(url)

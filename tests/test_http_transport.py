@@ -275,3 +275,60 @@ async def test_pass_replaces_an_idle_connection_when_the_pool_is_full():
     assert for_b.connection is not None and for_b.connection.can_handle_request(B)
     assert also_for_b.is_queued()  # no room and nothing idle: it waits
     assert pool._connections == [busy, for_b.connection]
+
+
+# ------------------------------------------------ no cookie kept between calls
+
+async def _cookie_setting_server() -> tuple[str, list[bytes], asyncio.AbstractServer]:
+    """Answers every request with a Set-Cookie (one request per connection);
+    records each request head."""
+    heads: list[bytes] = []
+
+    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append((await reader.readuntil(b"\r\n\r\n")).lower())
+        if b"content-length:" in heads[-1]:
+            await reader.readexactly(int(heads[-1].split(b"content-length:")[1].split(b"\r\n")[0]))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n"
+                     b"set-cookie: owner=the-first; Path=/\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+    return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", heads, server
+
+
+@pytest.mark.parametrize("road", ["provider", "download", "notification"])
+async def test_a_cookie_one_answer_sets_never_rides_on_the_next_request(road, tmp_path):
+    """One client serves every owner's calls to a host: what one answer set
+    must not go out with another owner's request (tested to fail with
+    httpx's default jar)."""
+    from app.delivery import Sender
+    from app.download import DownloadClients, DownloadPolicy, download_to_file
+    from app.providers.http import make_client
+
+    origin, heads, server = await _cookie_setting_server()
+    try:
+        if road == "provider":
+            async with make_client(5.0) as c:
+                for _ in range(2):
+                    assert (await c.post(f"{origin}/v1/tasks", json={})).status_code == 200
+        elif road == "download":
+            clients = DownloadClients()
+            policy = DownloadPolicy(allowed_hosts=(), plain_http_origins=frozenset({origin}), max_bytes=1024,
+                                    clients=clients)
+            try:
+                for _ in range(2):
+                    assert (await download_to_file(f"{origin}/out.png", policy, str(tmp_path))).bytes == 2
+            finally:
+                await clients.aclose()
+        else:
+            sender = Sender(frozenset({origin}))
+            try:
+                for _ in range(2):
+                    assert await sender.send(f"{origin}/hook", b"{}", {"content-type": "application/json"}) == 200
+            finally:
+                await sender.aclose()
+    finally:
+        server.close()
+    assert len(heads) == 2
+    assert not [h for h in heads if b"\r\ncookie:" in h]

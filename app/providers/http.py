@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 import httpx
 
-from app.http_transport import AsyncioTransport
+from app.http_transport import AsyncioTransport, outbound_client
 from app.origins import host_of as host_of  # re-exported: the adapters import both from here
 from app.origins import same_origin as same_origin
 from app.providers.base import (
@@ -51,13 +51,9 @@ def make_client(timeout_s: float, *, keepalive: bool = True) -> httpx.AsyncClien
     """An httpx client with every timeout explicit: `timeout_s` bounds each
     phase (read, write, pool), connecting gets at most 10 s of it."""
     limits = httpx.Limits() if keepalive else httpx.Limits(max_keepalive_connections=0)
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(connect=min(timeout_s, 10.0), read=timeout_s, write=timeout_s, pool=timeout_s),
-        transport=AsyncioTransport(limits=limits),
-        follow_redirects=False,
-        # Providers are reached directly; never through an ambient proxy.
-        trust_env=False,
-    )
+    return outbound_client(
+        AsyncioTransport(limits=limits),
+        httpx.Timeout(connect=min(timeout_s, 10.0), read=timeout_s, write=timeout_s, pool=timeout_s))
 
 
 class Clients:
