@@ -1,5 +1,6 @@
 """The statements every job runs reach a job by its primary key, whatever
-the planner's statistics say.
+the planner's statistics say; the settler's own statements reach the
+intents they already know by the outbox's (at the end).
 
 A prepared statement keeps a generic plan made once per connection, and a
 busy new database makes it while `jobs` still looks empty: a plan that
@@ -65,3 +66,36 @@ async def test_a_generic_plan_from_stale_statistics_reads_jobs_by_primary_key(db
     for node in on_jobs:
         assert (node["Node Type"], node.get("Index Name")) == ("Index Scan", "jobs_pkey"), node
         assert node["Actual Rows"] <= 1, node
+
+
+@pytest.fixture
+async def backlog(db, grown):
+    """2,500 intents (every job's submit, 500 settles), analyzed as they are;
+    the first 100 as a settler holds them (id, generation)."""
+    await db.execute("analyze outbox")
+    rows = await db.fetch("select id, generation from outbox order by id limit 100")
+    return [r["id"] for r in rows], [r["generation"] for r in rows]
+
+
+@pytest.mark.parametrize("plan_mode", ["force_generic_plan", "force_custom_plan"])
+@pytest.mark.parametrize("name", ["claim", "finish many", "renew"])
+async def test_the_outbox_rows_a_statement_knows_are_reached_by_primary_key(db, backlog, name, plan_mode):
+    """Joined to a CTE or an unnest alone, these scanned the whole outbox
+    (a hash join): a claim, a finish and a renewal each read every intent
+    of a backlog."""
+    ids, generations = backlog
+    sql, args = {"claim": (intents.CLAIM, (100, 60.0, 0, False)),
+                 "finish many": (intents.FINISH_MANY, (ids, generations)),
+                 "renew": (intents.RENEW, (ids, generations, 60.0))}[name]
+    async with db.acquire() as conn:
+        run = conn.transaction()
+        await run.start()
+        try:
+            await conn.execute(f"set local plan_cache_mode = {plan_mode}")
+            [plan] = await conn.fetchval("explain (analyze, format json) " + sql, *args)
+        finally:
+            await run.rollback()
+    on_outbox = [n for n in plan_nodes(plan["Plan"]) if n.get("Relation Name") == "outbox"]
+    assert on_outbox, "the statement reads the outbox"
+    assert not [n for n in on_outbox if n["Node Type"] == "Seq Scan"], on_outbox
+    assert max(n.get("Actual Rows", 0) for n in on_outbox if n["Node Type"] != "ModifyTable") <= 200
