@@ -194,11 +194,11 @@ class Settler:
                     else:
                         self.waiting.append((intent, claimed.jobs.get(intent.id)))
                 self._start_waiting()
-                if len(claimed.intents) < asked + asked_notify:
+                notifies = sum(1 for i in claimed.intents if i.kind is IntentKind.NOTIFY)
+                if not policy.claim_again(asked, len(claimed.intents) - notifies, asked_notify, notifies):
                     # Nothing more to claim now: sleep until the next due
-                    # time. (After a full batch more may be due: the loop
-                    # claims again. A due time that passed while every slot
-                    # is taken is left out by _sleep: the steps that finish
+                    # time. (A due time that passed while every slot is
+                    # taken is left out by _sleep: the steps that finish
                     # ask for the next drain.)
                     self.next_wake = _epoch(claimed.next_due)
                     break

@@ -61,3 +61,16 @@ def test_mean_step_follows_the_recent_steps():
         mean = policy.mean_step_s(mean, 0.001)
     assert mean < policy.SHORT_STEP_S  # a settler whose steps became short gets its waiting room
     assert policy.mean_step_s(0.01, 0.02) == pytest.approx(0.011)
+
+
+@pytest.mark.parametrize(("asked", "got", "asked_notify", "got_notify", "again"), [
+    (112, 112, 4, 0, True),  # a full batch of work, no deliveries due: more work may be due
+    (112, 40, 4, 0, False),  # fewer than asked: nothing more is due now
+    (112, 40, 4, 4, True),  # the deliveries' batch came back full
+    (0, 0, 4, 0, False),  # no room for work, no delivery due: never a loop of empty claims
+    (0, 0, 4, 4, True),
+    (16, 16, 0, 0, True),
+    (0, 0, 0, 0, False),
+])
+def test_claim_again_after_a_full_batch_of_either_kind(asked, got, asked_notify, got_notify, again):
+    assert policy.claim_again(asked, got, asked_notify, got_notify) is again
