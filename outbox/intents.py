@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from app.db import OUTBOX_CHANNEL
-from app.domain import events
+from app.domain import events, record
 from app.vocabulary import IN_FLIGHT, EventType, IntentKind, sql_list
 
 KINDS = tuple(IntentKind)
@@ -154,7 +154,7 @@ select {UNFLUSHED} as unflushed, n.at as next_due,
 from next_due n
 left join claimed c on true
 left join lateral (
-    select * from jobs
+    select {", ".join(record.COLUMNS)} from jobs
     where id = c.job_id and c.kind <> '{IntentKind.NOTIFY}' and ($4 or c.kind <> '{IntentKind.SUBMIT}')
     limit 1
 ) j on true
@@ -246,7 +246,7 @@ def _outside_transaction(conn) -> None:
 @dataclass(frozen=True)
 class Claimed:
     intents: list[Intent]
-    jobs: dict[int, asyncpg.Record]  # by intent id: its job's row (`select *` columns), where loaded
+    jobs: dict[int, asyncpg.Record]  # by intent id: its job's row (record.COLUMNS), where loaded
     next_due: dt.datetime | None  # the earliest not_before (or lease end) among the intents not claimed
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from app.db import OUTBOX_CHANNEL
 from app.domain import jobs
+from app.domain.record import COLUMNS, JobRecord
 from outbox import intents
 from tests.support.plans import plan_nodes
 
@@ -234,13 +235,14 @@ async def test_a_claim_loads_its_jobs_and_says_when_to_wake_next(db, job_ids):
         await intents.request(conn, job_ids[4], "settle", delay_s=30)
         claimed = await intents.claim(conn, 10, 30)
         assert sorted(i.job_id for i in claimed.intents) == sorted(job_ids[:4])
-        # each settle's job, as `select *` reads it; not the submit's (its claim statement loads it)
+        # each settle's job, as the steps read it; not the submit's (its claim statement loads it)
         loaded = {claimed_intent.job_id: claimed.jobs[claimed_intent.id] for claimed_intent in claimed.intents
                   if claimed_intent.id in claimed.jobs}
         assert sorted(loaded) == sorted(job_ids[:3])
         for job_id, row in loaded.items():
-            full = dict(await jobs.load(conn, job_id))
-            assert {k: row[k] for k in full} == full
+            full = await jobs.load(conn, job_id)
+            assert JobRecord.from_row(row) == JobRecord.from_row(full)  # a KeyError if it reads a column not loaded
+            assert {k: row[k] for k in COLUMNS} == {k: full[k] for k in COLUMNS}
         # the next wake is the one intent not yet due (the claimed ones are left out)
         later = await conn.fetchval("select not_before from outbox where job_id = $1", job_ids[4])
         assert claimed.next_due == later
