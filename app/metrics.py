@@ -64,7 +64,7 @@ select 'outbox' as what, kind as label, count(*) as n,
 from outbox group by kind
 union all
 select 'jobs', status, count(*), 0, 0 from jobs
-where status in {sql_list(IN_FLIGHT)} group by status
+where finished_at is null and status in {sql_list(IN_FLIGHT)} group by status
 union all
 select 'submitted', provider, count(*), 0, 0 from jobs
 where status in {sql_list(SUBMITTED)} group by provider

@@ -4,7 +4,7 @@ Job statuses, the sets they fall in, outbox intent kinds, ledger entry kinds,
 the job error codes, the API error codes with their HTTP statuses, and the
 provider names. Everything else (SQL fragments, metrics labels, the OpenAPI
 document, the status screen, the chaos checks) is written from these. The
-migration's CHECK constraints and the `jobs_in_flight` index predicate are
+migration's CHECK constraints and the status-set index predicates are
 compared against them by tests/test_vocabulary.py, and `make check` refuses
 a status, kind or provider literal written out anywhere else in app/ and
 outbox/ (tools/check_vocabulary.py).

@@ -17,10 +17,11 @@ import asyncpg
 from app.vocabulary import IN_FLIGHT, NEEDS_A_HUMAN, DeliveryStatus, JobError, JobStatus, LedgerKind, sql_list
 
 # Jobs by status without reading the whole table: in flight now (the
-# `jobs_in_flight` index), and finished within the last $1 seconds
+# `jobs_in_flight` index: `finished_at is null`), and finished within the last $1 seconds
 # (`jobs_finished`). The lifetime totals are `longcall status`'s, once.
 IN_FLIGHT_COUNTS = f"""
-select status, count(*) as n from jobs where status in {sql_list(IN_FLIGHT)} group by status
+select status, count(*) as n from jobs where finished_at is null and status in {sql_list(IN_FLIGHT)}
+group by status
 """
 FINISHED_COUNTS = """
 select status, count(*) as n from jobs
@@ -33,13 +34,13 @@ from jobs where finished_at is not null order by finished_at desc, id desc limit
 # The in-flight jobs that changed last (the `jobs_in_flight` index).
 IN_FLIGHT_JOBS = f"""
 select id, owner_id, provider, model, status, created_at, updated_at, last_error
-from jobs where status in {sql_list(IN_FLIGHT)}
+from jobs where finished_at is null and status in {sql_list(IN_FLIGHT)}
 order by updated_at desc limit $1
 """
 UNCERTAIN_JOBS = f"""
 select id, owner_id, provider, model, status, created_at, updated_at, last_error, submit_attempts,
        provider_call_started_at, deadline_at
-from jobs where status in {sql_list(IN_FLIGHT)} and status = '{JobStatus.UNCERTAIN}'
+from jobs where finished_at is null and status = '{JobStatus.UNCERTAIN}'
 order by updated_at limit $1
 """
 # One error code's closed jobs, newest first (the `jobs_needs_human` index).

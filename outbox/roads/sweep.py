@@ -20,7 +20,8 @@ from outbox import decide, intents
 
 log = logging.getLogger("longcall.sweep")
 
-# The partial index jobs_in_flight covers the status filter; the NOT EXISTS
+# `finished_at is null` is the partial index jobs_in_flight (the status
+# filter alone names the same jobs, but no longer the index); the NOT EXISTS
 # probes the outbox's (job_id, kind) unique index. The deadline test on
 # `uncertain` only selects: expiring is decided by outbox/decide.give_up (the
 # one give-up rule), on the same clock, the statement's now(). (Arrays of
@@ -29,7 +30,7 @@ log = logging.getLogger("longcall.sweep")
 PROBE = f"""
 with found as (
     select j.id, j.status from jobs j
-    where j.status in {sql_list(IN_FLIGHT)}
+    where j.finished_at is null and j.status in {sql_list(IN_FLIGHT)}
       and case when j.status = '{JobStatus.UNCERTAIN}' then j.deadline_at <= now()
                else not exists (select 1 from outbox o
                                 where o.job_id = j.id and o.kind in {sql_list(CLOSED_BY_CLOSE)}) end

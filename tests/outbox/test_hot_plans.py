@@ -99,3 +99,77 @@ async def test_the_outbox_rows_a_statement_knows_are_reached_by_primary_key(db, 
     assert on_outbox, "the statement reads the outbox"
     assert not [n for n in on_outbox if n["Node Type"] == "Seq Scan"], on_outbox
     assert max(n.get("Actual Rows", 0) for n in on_outbox if n["Node Type"] != "ModifyTable") <= 200
+
+
+@pytest.fixture
+async def burst(db, make_owner):
+    """Job ids of a `jobs` table analyzed while nearly every job was finished
+    (a service's usual state), then a burst of 2,000 in flight: the
+    statistics say the in-flight partial index (`jobs_in_flight`) is nearly
+    empty."""
+    owner = await make_owner(credits=10_000, max_active=10_000)
+
+    async def make(n: int) -> list[str]:
+        return [(await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim", model="m",
+                                       input={}, max_credits=1, give_up_after_s=3600)).job_id for _ in range(n)]
+
+    done = await make(1000)
+    await db.execute("delete from outbox")
+    await db.execute("update jobs set status = 'cancelled', credits_refunded = credits_reserved, finished_at = now(), "
+                     "webhook_secret = null where id = any($1::text[])", done)
+    await db.execute("analyze jobs, outbox")
+    ids = await make(GROWN_TO)
+    await db.execute("update jobs set status = 'running' where id = any($1::text[])", ids[:500])
+    await db.execute("insert into outbox (job_id, kind) select unnest($1::text[]), 'settle'", ids[:500])
+    return ids
+
+
+@pytest.mark.parametrize("plan_mode", ["force_generic_plan", "force_custom_plan"])
+@pytest.mark.parametrize("name", ["claim", "claim with submits", "begin submit", "save task", "webhook request"])
+async def test_a_burst_in_flight_after_finished_jobs_still_reads_jobs_by_primary_key(db, burst, name, plan_mode):
+    sql, args = _hot_statements(burst)[name]
+    async with db.acquire() as conn:
+        run = conn.transaction()
+        await run.start()
+        try:
+            await conn.execute(f"set local plan_cache_mode = {plan_mode}")
+            [plan] = await conn.fetchval("explain (analyze, format json) " + sql, *args)
+        finally:
+            await run.rollback()
+    on_jobs = [n for n in plan_nodes(plan["Plan"])
+               if n.get("Relation Name") == "jobs" and n["Node Type"] != "ModifyTable"]
+    assert on_jobs, "the statement reads the jobs"
+    for node in on_jobs:
+        assert (node["Node Type"], node.get("Index Name")) == ("Index Scan", "jobs_pkey"), node
+
+
+@pytest.fixture
+async def mostly_finished(db, make_owner):
+    """2,000 jobs, all but 20 of them finished, analyzed so."""
+    owner = await make_owner(credits=10_000, max_active=10_000)
+    ids = [(await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim", model="m",
+                                  input={}, max_credits=1, give_up_after_s=3600)).job_id for _ in range(GROWN_TO)]
+    await db.execute("delete from outbox where job_id = any($1::text[])", ids[20:])
+    await db.execute("update jobs set status = 'cancelled', credits_refunded = credits_reserved, finished_at = now(), "
+                     "webhook_secret = null where id = any($1::text[])", ids[20:])
+    await db.execute("analyze jobs, outbox")
+
+
+@pytest.mark.parametrize("name", ["sweep probe", "in-flight counts", "in-flight jobs", "uncertain jobs",
+                                  "metrics"])
+async def test_the_readers_of_every_job_in_flight_use_the_in_flight_index(db, mostly_finished, name):
+    """The other side of the index's predicate (`finished_at is null`): what
+    reads every job in flight reads it through the index, not through the
+    finished jobs."""
+    from app.domain import operator
+    from app.metrics import GAUGES_QUERY
+    from outbox.roads import sweep
+
+    sql, args = {"sweep probe": (sweep.PROBE, (1000,)), "in-flight counts": (operator.IN_FLIGHT_COUNTS, ()),
+                 "in-flight jobs": (operator.IN_FLIGHT_JOBS, (50,)), "uncertain jobs": (operator.UNCERTAIN_JOBS, (50,)),
+                 "metrics": (GAUGES_QUERY, ())}[name]
+    [plan] = await db.fetchval("explain (format json) " + sql, *args)
+    nodes = list(plan_nodes(plan["Plan"]))
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "jobs"], nodes
+    # jobs_submitted (submitting, running, uncertain) is as small: the uncertain jobs may take it.
+    assert {"jobs_in_flight", "jobs_submitted"} & {n.get("Index Name") for n in nodes}, nodes
