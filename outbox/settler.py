@@ -39,7 +39,7 @@ from outbox.submit import submit
 log = logging.getLogger("longcall.settler")
 
 STEPS = {IntentKind.SUBMIT: submit, IntentKind.SETTLE: settle, IntentKind.CANCEL: cancel}
-CLAIM_BATCH = 128  # the most one claim takes (slots and waiting room), as one statement
+CLAIM_BATCH = 256  # the most one claim takes (slots and waiting room), as one statement
 SHUTDOWN_GRACE_S = 25.0
 
 

@@ -15,6 +15,7 @@ import pytest
 from app.domain import jobs
 from app.vocabulary import JobStatus
 from outbox import intents
+from outbox.settler import CLAIM_BATCH
 from tests.support.plans import plan_nodes
 
 GROWN_TO = 2000
@@ -41,8 +42,8 @@ def _hot_statements(ids):
     job = ids[-1]
     running = ids[0]
     return {
-        "claim": (intents.CLAIM, (10, 60.0, 0, False)),
-        "claim with submits": (intents.CLAIM, (10, 60.0, 0, True)),
+        "claim": (intents.CLAIM, (CLAIM_BATCH, 60.0, 0, False)),
+        "claim with submits": (intents.CLAIM, (CLAIM_BATCH, 60.0, 0, True)),
         "begin submit": (jobs.BEGIN_SUBMIT_UNCAPPED, (job,)),
         "save task": (jobs.SAVE_TASK, (job, "task_1", None, None, False, 30.0, [JobStatus.QUEUED], None)),
         "webhook request": (intents.REQUEST_UNFLUSHED, (running, "settle", 0.0, "webhook_accepted")),
@@ -84,7 +85,7 @@ async def test_the_outbox_rows_a_statement_knows_are_reached_by_primary_key(db, 
     (a hash join): a claim, a finish and a renewal each read every intent
     of a backlog."""
     ids, generations = backlog
-    sql, args = {"claim": (intents.CLAIM, (100, 60.0, 0, False)),
+    sql, args = {"claim": (intents.CLAIM, (CLAIM_BATCH, 60.0, 0, False)),
                  "finish many": (intents.FINISH_MANY, (ids, generations)),
                  "renew": (intents.RENEW, (ids, generations, 60.0))}[name]
     async with db.acquire() as conn:
@@ -98,7 +99,8 @@ async def test_the_outbox_rows_a_statement_knows_are_reached_by_primary_key(db, 
     on_outbox = [n for n in plan_nodes(plan["Plan"]) if n.get("Relation Name") == "outbox"]
     assert on_outbox, "the statement reads the outbox"
     assert not [n for n in on_outbox if n["Node Type"] == "Seq Scan"], on_outbox
-    assert max(n.get("Actual Rows", 0) for n in on_outbox if n["Node Type"] != "ModifyTable") <= 200
+    # The largest claim reads its batch and no more (the backlog is 2,500).
+    assert max(n.get("Actual Rows", 0) for n in on_outbox if n["Node Type"] != "ModifyTable") <= 2 * CLAIM_BATCH
 
 
 @pytest.fixture

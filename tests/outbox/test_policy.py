@@ -44,11 +44,11 @@ def test_attempt_caps():
 
 @pytest.mark.parametrize(("concurrency", "mean", "room"), [
     (16, None, 0),        # nothing finished yet: claim only what can start
-    (16, 0.001, 112),     # no-op steps: a batch of 8 x the slots
-    (16, 0.05, 112),      # at the limit
+    (16, 0.001, 240),     # no-op steps: a batch of 16 x the slots
+    (16, 0.05, 240),      # at the limit
     (16, 0.051, 0),       # longer steps: nothing waits (another settler may start them now)
     (16, 30.0, 0),        # a provider call
-    (1, 0.01, 7),
+    (1, 0.01, 15),
 ])
 def test_waiting_room(concurrency, mean, room):
     assert policy.waiting_room(concurrency, mean) == room

@@ -78,13 +78,14 @@ async def test_a_claim_takes_more_than_the_free_slots_and_no_more_than_concurren
     assert settler.peak == 2  # never more steps at once than the concurrency
     assert settler.claims[0] == 2  # no step has finished: only what can start
     # then the steps proved short: a batch of the free slots and the waiting room
-    assert max(settler.claims) == 2 + policy.waiting_room(2, 0.0) == 16
+    assert max(settler.claims) == 2 + policy.waiting_room(2, 0.0) == 32
     assert sum(settler.claims) == 40
 
 
 async def test_claimed_intents_that_never_started_are_given_back_on_shutdown(db, make_owner, make_settings,
                                                                              monkeypatch):
-    await _no_op_intents(db, make_owner, 10)
+    batch = 1 + policy.waiting_room(1, 0.001)  # its one slot and the waiting room
+    await _no_op_intents(db, make_owner, batch + 4)
     ctx = await Context.open(make_settings())
     settler = Settler(ctx, 1, sweep_interval_s=0)
     settler.mean_step_s = 0.001  # its steps have been short: a claim takes more than its one slot
@@ -99,8 +100,8 @@ async def test_claimed_intents_that_never_started_are_given_back_on_shutdown(db,
     monkeypatch.setitem(settler_module.STEPS, IntentKind.CANCEL, held_step)
     task = asyncio.create_task(settler.run())
     try:
-        await _until(lambda: db.fetchval("select count(*) = 8 from outbox where claimed_until is not null"))
-        assert len(started) == 1 and len(settler.waiting) == 7  # one running, seven claimed and waiting
+        await _until(lambda: db.fetchval("select count(*) = $1 from outbox where claimed_until is not null", batch))
+        assert len(started) == 1 and len(settler.waiting) == batch - 1  # one running, the rest claimed and waiting
         settler.stop()
         await asyncio.sleep(0.1)
         gate.set()  # the running one finishes within the grace
@@ -109,8 +110,8 @@ async def test_claimed_intents_that_never_started_are_given_back_on_shutdown(db,
         gate.set()
         await ctx.close()
     rows = await db.fetch("select claimed_until from outbox")
-    # the finished one is deleted; the seven that waited are due again at once, unleased
-    assert len(rows) == 9 and all(r["claimed_until"] is None for r in rows)
+    # the finished one is deleted; those that waited are due again at once, unleased
+    assert len(rows) == batch + 3 and all(r["claimed_until"] is None for r in rows)
     assert len(started) == 1
 
 
