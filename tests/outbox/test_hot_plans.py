@@ -21,6 +21,19 @@ from tests.support.plans import plan_nodes
 GROWN_TO = 2000
 
 
+async def _explain(db, sql: str, args, plan_mode: str) -> dict:
+    """The statement's executed plan under `plan_mode`, its writes rolled back."""
+    async with db.acquire() as conn:
+        run = conn.transaction()
+        await run.start()
+        try:
+            await conn.execute(f"set local plan_cache_mode = {plan_mode}")
+            [plan] = await conn.fetchval("explain (analyze, format json) " + sql, *args)
+        finally:
+            await run.rollback()
+    return plan
+
+
 @pytest.fixture
 async def grown(db, make_owner):
     """Job ids of a `jobs` table analyzed small and grown since."""
@@ -53,14 +66,7 @@ def _hot_statements(ids):
 @pytest.mark.parametrize("name", ["claim", "claim with submits", "begin submit", "save task", "webhook request"])
 async def test_a_generic_plan_from_stale_statistics_reads_jobs_by_primary_key(db, grown, name):
     sql, args = _hot_statements(grown)[name]
-    async with db.acquire() as conn:
-        run = conn.transaction()
-        await run.start()
-        try:
-            await conn.execute("set local plan_cache_mode = force_generic_plan")
-            [plan] = await conn.fetchval("explain (analyze, format json) " + sql, *args)
-        finally:
-            await run.rollback()
+    plan = await _explain(db, sql, args, "force_generic_plan")
     on_jobs = [n for n in plan_nodes(plan["Plan"])
                if n.get("Relation Name") == "jobs" and n["Node Type"] != "ModifyTable"]
     assert on_jobs, "the statement reads jobs"
@@ -88,14 +94,7 @@ async def test_the_outbox_rows_a_statement_knows_are_reached_by_primary_key(db, 
     sql, args = {"claim": (intents.CLAIM, (CLAIM_BATCH, 60.0, 0, False)),
                  "finish many": (intents.FINISH_MANY, (ids, generations)),
                  "renew": (intents.RENEW, (ids, generations, 60.0))}[name]
-    async with db.acquire() as conn:
-        run = conn.transaction()
-        await run.start()
-        try:
-            await conn.execute(f"set local plan_cache_mode = {plan_mode}")
-            [plan] = await conn.fetchval("explain (analyze, format json) " + sql, *args)
-        finally:
-            await run.rollback()
+    plan = await _explain(db, sql, args, plan_mode)
     on_outbox = [n for n in plan_nodes(plan["Plan"]) if n.get("Relation Name") == "outbox"]
     assert on_outbox, "the statement reads the outbox"
     assert not [n for n in on_outbox if n["Node Type"] == "Seq Scan"], on_outbox
@@ -130,14 +129,7 @@ async def burst(db, make_owner):
 @pytest.mark.parametrize("name", ["claim", "claim with submits", "begin submit", "save task", "webhook request"])
 async def test_a_burst_in_flight_after_finished_jobs_still_reads_jobs_by_primary_key(db, burst, name, plan_mode):
     sql, args = _hot_statements(burst)[name]
-    async with db.acquire() as conn:
-        run = conn.transaction()
-        await run.start()
-        try:
-            await conn.execute(f"set local plan_cache_mode = {plan_mode}")
-            [plan] = await conn.fetchval("explain (analyze, format json) " + sql, *args)
-        finally:
-            await run.rollback()
+    plan = await _explain(db, sql, args, plan_mode)
     on_jobs = [n for n in plan_nodes(plan["Plan"])
                if n.get("Relation Name") == "jobs" and n["Node Type"] != "ModifyTable"]
     assert on_jobs, "the statement reads the jobs"
