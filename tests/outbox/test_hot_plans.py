@@ -34,20 +34,30 @@ async def _explain(db, sql: str, args, plan_mode: str) -> dict:
     return plan
 
 
+async def _make_jobs(db, owner_id: str, n: int) -> list[str]:
+    return [(await jobs.create_job(db, owner_id=owner_id, request_key=None, provider="sim", model="m", input={},
+                                   max_credits=1, give_up_after_s=3600)).job_id for _ in range(n)]
+
+
+async def _running_with_a_settle(db, ids: list[str]) -> None:
+    await db.execute("update jobs set status = 'running' where id = any($1::text[])", ids)
+    await db.execute("insert into outbox (job_id, kind) select unnest($1::text[]), 'settle'", ids)
+
+
+async def _finished(db, ids: list[str]) -> None:
+    """Closed as cancelled and refunded, as a settler leaves them."""
+    await db.execute("update jobs set status = 'cancelled', credits_refunded = credits_reserved, finished_at = now(), "
+                     "webhook_secret = null where id = any($1::text[])", ids)
+
+
 @pytest.fixture
 async def grown(db, make_owner):
     """Job ids of a `jobs` table analyzed small and grown since."""
     owner = await make_owner(credits=10_000, max_active=10_000)
-
-    async def make(n: int) -> list[str]:
-        return [(await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim", model="m",
-                                       input={}, max_credits=1, give_up_after_s=3600)).job_id for _ in range(n)]
-
-    ids = await make(3)
+    ids = await _make_jobs(db, owner.owner_id, 3)
     await db.execute("analyze jobs, outbox")
-    ids += await make(GROWN_TO - 3)
-    await db.execute("update jobs set status = 'running' where id = any($1::text[])", ids[:500])
-    await db.execute("insert into outbox (job_id, kind) select unnest($1::text[]), 'settle'", ids[:500])
+    ids += await _make_jobs(db, owner.owner_id, GROWN_TO - 3)
+    await _running_with_a_settle(db, ids[:500])
     return ids
 
 
@@ -109,19 +119,12 @@ async def burst(db, make_owner):
     statistics say the in-flight partial index (`jobs_in_flight`) is nearly
     empty."""
     owner = await make_owner(credits=10_000, max_active=10_000)
-
-    async def make(n: int) -> list[str]:
-        return [(await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim", model="m",
-                                       input={}, max_credits=1, give_up_after_s=3600)).job_id for _ in range(n)]
-
-    done = await make(1000)
+    done = await _make_jobs(db, owner.owner_id, 1000)
     await db.execute("delete from outbox")
-    await db.execute("update jobs set status = 'cancelled', credits_refunded = credits_reserved, finished_at = now(), "
-                     "webhook_secret = null where id = any($1::text[])", done)
+    await _finished(db, done)
     await db.execute("analyze jobs, outbox")
-    ids = await make(GROWN_TO)
-    await db.execute("update jobs set status = 'running' where id = any($1::text[])", ids[:500])
-    await db.execute("insert into outbox (job_id, kind) select unnest($1::text[]), 'settle'", ids[:500])
+    ids = await _make_jobs(db, owner.owner_id, GROWN_TO)
+    await _running_with_a_settle(db, ids[:500])
     return ids
 
 
@@ -141,11 +144,9 @@ async def test_a_burst_in_flight_after_finished_jobs_still_reads_jobs_by_primary
 async def mostly_finished(db, make_owner):
     """2,000 jobs, all but 20 of them finished, analyzed so."""
     owner = await make_owner(credits=10_000, max_active=10_000)
-    ids = [(await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim", model="m",
-                                  input={}, max_credits=1, give_up_after_s=3600)).job_id for _ in range(GROWN_TO)]
+    ids = await _make_jobs(db, owner.owner_id, GROWN_TO)
     await db.execute("delete from outbox where job_id = any($1::text[])", ids[20:])
-    await db.execute("update jobs set status = 'cancelled', credits_refunded = credits_reserved, finished_at = now(), "
-                     "webhook_secret = null where id = any($1::text[])", ids[20:])
+    await _finished(db, ids[20:])
     await db.execute("analyze jobs, outbox")
 
 
