@@ -332,3 +332,20 @@ async def test_a_cookie_one_answer_sets_never_rides_on_the_next_request(road, tm
         server.close()
     assert len(heads) == 2
     assert not [h for h in heads if b"\r\ncookie:" in h]
+
+
+def test_default_transports_share_one_verifying_tls_context():
+    """Every default transport verifies against the system's CA bundle
+    through one context (built once: loading the bundle is the cost); one
+    given another `verify` gets that, not the shared one."""
+    import ssl
+
+    first, second = AsyncioTransport(), AsyncioTransport()
+    shared = first._pool._ssl_context
+    assert second._pool._ssl_context is shared
+    assert shared.verify_mode == ssl.CERT_REQUIRED and shared.check_hostname
+    assert shared.cert_store_stats()["x509_ca"] > 0
+    unverified = AsyncioTransport(verify=False)._pool._ssl_context
+    assert unverified is not shared and unverified.verify_mode == ssl.CERT_NONE
+    own = ssl.create_default_context()
+    assert AsyncioTransport(verify=own)._pool._ssl_context is own
