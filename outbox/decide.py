@@ -357,7 +357,7 @@ def callback_registered(facts: ProviderFacts, callback_url: str | None, submitte
     webhooks at all (Gemini and ElevenLabs dubbing are polled), and a
     per-job secret scheme got its secret (the Gateway's replayed start
     carries none: no webhook of it can verify)."""
-    if callback_url is None or facts.webhook_scheme == "none":
+    if callback_url is None or not facts.takes_webhooks:
         return False
     return facts.webhook_scheme != "t/v1" or submitted.webhook_secret is not None
 

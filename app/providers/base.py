@@ -215,6 +215,12 @@ class ProviderFacts:
     # speech history); without, it is failed `call_lost` after the threshold.
     can_recover: bool = False
 
+    @property
+    def takes_webhooks(self) -> bool:
+        """False for a provider that never calls back (polled, or a sync
+        call): no callback is registered, and its webhook route is a 404."""
+        return self.webhook_scheme != "none"
+
     def poll_delay(self, age_s: float) -> float:
         """The wait before the next check of a task submitted `age_s` ago.
         Read off the schedule by the task's age, not by counting checks, so

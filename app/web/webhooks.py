@@ -20,7 +20,8 @@ async def receive_webhook(request: Request) -> Response:
     provider_name = request.path_params["provider"]
     job_id = request.path_params["job_id"]
     provider = state.providers.get(provider_name)
-    if provider is None or not ids.is_job_id(job_id):
+    # A provider that never calls back has no webhook endpoint, as an unknown one.
+    if provider is None or not provider.facts.takes_webhooks or not ids.is_job_id(job_id):
         return error_response(ApiErrorCode.NOT_FOUND, "no such webhook endpoint")
     try:
         raw = await read_capped(request, MAX_BODY)

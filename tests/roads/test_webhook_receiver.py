@@ -374,6 +374,37 @@ async def test_bad_route_shape_is_404_and_writes_nothing(world, path):
     assert await snapshot(world.pool) == before
 
 
+# CONTRACT's providers table: Gemini and ElevenLabs are polled, the LLM
+# APIs answer in the call. We register no callback for them, so no route.
+TAKES_NO_WEBHOOKS = ("gemini", "elevenlabs", "anthropic", "openai")
+
+
+async def test_a_provider_that_takes_no_webhooks_has_no_webhook_route(web, make_settings, db):
+    """404 like an unknown provider (CONTRACT), though the provider is
+    configured and the URL carries our own valid token: nothing there can
+    ever be a delivery of ours."""
+    env = {**provider_env("http://127.0.0.1:9"), "GEMINI_API_KEY": "gemini-key",
+           "ELEVENLABS_API_KEY": "elevenlabs-key", "ANTHROPIC_API_KEY": "anthropic-key",
+           "OPENAI_API_KEY": "openai-key"}
+    server = await web(**env)
+    settings = make_settings(**env, PUBLIC_URL=server.url)
+    providers = server.app.state.providers
+    assert set(TAKES_NO_WEBHOOKS) <= set(providers)
+    assert {name for name, p in providers.items() if p.facts.webhook_scheme == "none"} == set(TAKES_NO_WEBHOOKS)
+    job_id = unknown_job_id()
+    before = await snapshot(db)
+    async with httpx.AsyncClient(base_url=server.url) as anon:
+        for provider in TAKES_NO_WEBHOOKS:
+            r = await anon.post(hook_path(settings, provider, job_id), content=BODY,
+                                headers={"webhook-signature": "v1,abc"})
+            assert r.status_code == 404, (provider, r.text)
+            assert r.json()["error"]["code"] == "not_found"
+        # the control: the same request to a provider that takes webhooks is the uniform 401
+        r = await anon.post(hook_path(settings, "kie", job_id), content=BODY)
+        assert r.status_code == 401 and r.json() == UNAUTHORIZED
+    assert await snapshot(db) == before
+
+
 async def test_a_sim_signature_on_another_providers_route_is_401(world):
     """The job exists but belongs to `sim`: another provider's route is a
     stranger's job there, and gets the same 401."""
