@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import asyncpg
 
-from app.config import ConfigError, Settings, load_settings
+from app.config import ConfigError, Settings, load_settings, port_argument
 
 
 class CommandError(Exception):
@@ -57,7 +57,7 @@ def _parser(plugins: Mapping[str, Subcommand | str] | None = None) -> argparse.A
 
     s = sub.add_parser("serve", help="the web tier (Procfile: web)")
     s.add_argument("--host", default="0.0.0.0")
-    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--port", type=port_argument, default=None)
     s.add_argument("--workers", type=int, default=1)
     s.add_argument("--header-timeout", metavar="SECONDS", default=None,
                    help="close a connection whose request headers are not complete this long after it "
@@ -68,14 +68,14 @@ def _parser(plugins: Mapping[str, Subcommand | str] | None = None) -> argparse.A
 
     s = sub.add_parser("settler", help="drain the outbox, run timers and the sweep (Procfile: settler)")
     s.add_argument("--concurrency", type=int, default=16)
-    s.add_argument("--metrics-port", type=int, default=None)
+    s.add_argument("--metrics-port", type=port_argument, default=None)
 
     s = sub.add_parser("sweep", help="one backstop sweep pass")
     s.add_argument("--once", action="store_true", required=True)
 
     s = sub.add_parser("sim", help="the provider simulator")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8787)
+    s.add_argument("--port", type=port_argument, default=8787)
 
     owners = sub.add_parser("owners", help="owners and credits").add_subparsers(
         dest="action", required=True, parser_class=_Parser)
@@ -271,6 +271,9 @@ def _cmd_serve(args) -> int:
     header_timeout_s, limit_concurrency = server.serve_limits(args.header_timeout, args.limit_concurrency,
                                                               os.environ)
     port = args.port if args.port is not None else settings.port
+    # A database out of reach at start is the one line every command gives
+    # (CONTRACT), not the traceback uvicorn logs when the app's start fails.
+    asyncio.run(_with_conn(settings, lambda conn: asyncio.sleep(0)))
     configure_logging(settings.log_level)
     options = dict(host=args.host, port=port, log_config=uvicorn_log_config(), access_log=False,
                    proxy_headers=True, lifespan="on", limit_concurrency=limit_concurrency)

@@ -5,6 +5,7 @@ prints it and exits 2. Secrets are never part of a message.
 """
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ class ConfigError(Exception):
     """One line that says what is wrong with the configuration."""
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -45,7 +46,24 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
         raise ConfigError(f"{name} must be a whole number, not {raw!r}") from None
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}")
     return value
+
+
+MAX_PORT = 65535
+
+
+def port_argument(value: str) -> int:
+    """A command line's TCP port (argparse `type`): 1 to 65535, refused
+    before anything starts."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
+    if not 1 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"port must be between 1 and {MAX_PORT}, not {port}")
+    return port
 
 
 def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
@@ -288,7 +306,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         storage_url=storage_url,
         s3_endpoint_url=env.get("S3_ENDPOINT_URL") or None,
         admin_token=env.get("ADMIN_TOKEN") or None,
-        port=_int(env, "PORT", 8000, minimum=1),
+        port=_int(env, "PORT", 8000, minimum=1, maximum=MAX_PORT),
         max_output_bytes=_int(env, "MAX_OUTPUT_BYTES", 2 * 1024**3, minimum=1),
         sim_url=_optional_url(env, "SIM_URL"),
         replicate_api_token=env.get("REPLICATE_API_TOKEN") or None,

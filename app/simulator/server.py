@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app.config import port_argument
 from app.simulator import admin, anthropic, elevenlabs, fal, gateway, gemini, kie, native, openai, replicate
 from app.simulator.engine import DEFAULT_HOLD_S, Simulator
 from app.simulator.outputs import get_output
@@ -84,16 +85,6 @@ def create_app(
     return app
 
 
-def _port(value: str) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be between 1 and 65535, not {port}")
-    return port
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, not argparse's usage block: the CLI's errors are one line.
@@ -104,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     """`longcall sim` / `python -m app.simulator`: serve until interrupted."""
     parser = _Parser(prog="longcall sim", description="Run the provider simulator.")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to bind (default {DEFAULT_HOST})")
-    parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--port", type=port_argument, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     args = parser.parse_args(argv)
     config = uvicorn.Config(
         create_app(),

@@ -74,14 +74,34 @@ def test_bad_arguments_are_one_line_errors(run, args, code):
     assert p.stderr.strip().count("\n") == 0 and "Traceback" not in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("args", [
+    ("serve", "--port", "99999"),
+    ("serve", "--port", "0"),
+    ("serve", "--port", "http"),
+    ("settler", "--metrics-port", "70000"),
+    ("sim", "--port", "65536"),
+])
+def test_a_port_out_of_range_is_a_one_line_error(run, args):
+    """Refused before anything starts (the configuration is valid here)."""
+    p = run(*args, env={"SECRET_KEY": "x" * 20}, ok=False)
+    assert p.returncode == 2 and "port" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().count("\n") == 0
+
+
+def test_the_port_setting_is_checked_at_start(run):
+    p = run("serve", env={"SECRET_KEY": "x" * 20, "PORT": "70000"}, ok=False)
+    assert p.returncode == 2 and "PORT must be at most 65535" in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("env,needle", [
     ({"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x"}, "cannot"),
     ({"DATABASE_URL": ""}, "DATABASE_URL is required"),
     ({"DATABASE_URL": "mysql://x"}, "postgresql://"),
 ])
 def test_unreachable_or_missing_database(run, env, needle):
-    for args in (("migrate",), ("owners", "create", "x"), ("status",), ("sweep", "--once")):
-        p = run(*args, env=env, ok=False)
+    for args in (("migrate",), ("owners", "create", "x"), ("status",), ("sweep", "--once"),
+                 ("serve", "--port", "1"), ("settler",)):
+        p = run(*args, env={**env, "SECRET_KEY": "x" * 20}, ok=False)
         assert p.returncode != 0 and needle in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
         assert p.stderr.strip().count("\n") == 0
 
