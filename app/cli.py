@@ -161,6 +161,12 @@ async def _with_conn(settings: Settings, fn):
         await conn.close()
 
 
+async def _check_reachable(settings: Settings) -> None:
+    """Connect once and close: CommandError (one line) when that fails."""
+    conn = await _connect(settings)
+    await conn.close()
+
+
 def _db_settings() -> Settings:
     """Commands that only need the database (no SECRET_KEY)."""
     settings = load_settings(dev=True)
@@ -273,7 +279,7 @@ def _cmd_serve(args) -> int:
     port = args.port if args.port is not None else settings.port
     # A database out of reach at start is the one line every command gives
     # (CONTRACT), not the traceback uvicorn logs when the app's start fails.
-    asyncio.run(_with_conn(settings, lambda conn: asyncio.sleep(0)))
+    asyncio.run(_check_reachable(settings))
     configure_logging(settings.log_level)
     options = dict(host=args.host, port=port, log_config=uvicorn_log_config(), access_log=False,
                    proxy_headers=True, lifespan="on", limit_concurrency=limit_concurrency)

@@ -170,11 +170,12 @@ class WebhookRequest:
 
 
 # Webhook schemes whose verify never waits on the network: keyed with the
-# job's own secret (t/v1), our capability token (capability-url), or nothing
-# to verify (none). The receiver may hold one database connection across
-# such a verify; the others may fetch keys (fal's JWKS, Replicate's secret)
-# and must not. A scheme not listed here is treated as one that may.
-OFFLINE_WEBHOOK_SCHEMES = frozenset({"t/v1", "capability-url", "none"})
+# job's own secret (t/v1) or our capability token (capability-url). The
+# receiver may hold one database connection across such a verify; the
+# others may fetch keys (fal's JWKS, Replicate's secret) and must not. A
+# scheme not listed here is treated as one that may. ("none" never reaches
+# a verify: such a provider has no webhook route, ProviderFacts.takes_webhooks.)
+OFFLINE_WEBHOOK_SCHEMES = frozenset({"t/v1", "capability-url"})
 
 
 @dataclass(frozen=True)
