@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import datetime as dt
 import json
 from collections.abc import Callable
@@ -155,10 +156,11 @@ async def read_job(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     wait_s = _wait_seconds(request)
     state = request.app.state
-    with state.job_changes.watch(job_id) as changed:
+    # A read that may wait watches the job before its first look.
+    async with state.job_changes.watch(job_id) if wait_s else contextlib.nullcontext() as changed:
         row, via_token = await _readable_job(request, job_id)
         await _maybe_recheck(request, row)
-        if wait_s and row["status"] not in TERMINAL:
+        if changed is not None and row["status"] not in TERMINAL:
             if await changed.wait(wait_s):
                 row = await jobs.get_job(state.pool, job_id)
     body = render_job(row, read_token_for(request, job_id), token_in_urls=via_token)
