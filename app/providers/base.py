@@ -87,6 +87,22 @@ class OutputValue:
     label: str | None = None  # names the output when a task has several kinds
 
 
+def text_value(text: str, label: str | None = None) -> OutputValue:
+    """A text answer as an output: its UTF-8 bytes."""
+    return OutputValue(_utf8(text), TEXT_CONTENT_TYPE, label)
+
+
+def json_value(value: Any, label: str | None = None) -> OutputValue:
+    """A JSON answer as an output: compact, and the text as the model wrote
+    it (no \\u escapes for non-ASCII)."""
+    return OutputValue(_utf8(json.dumps(value, separators=(",", ":"), ensure_ascii=False)), JSON_CONTENT_TYPE, label)
+
+
+def _utf8(text: str) -> bytes:
+    # A lone surrogate (JSON can carry "\ud800") has no UTF-8 form: it becomes "?".
+    return text.encode("utf-8", "replace")
+
+
 @dataclass(frozen=True)
 class OutputFile:
     """An output the adapter already wrote to a file of its own while it

@@ -28,6 +28,7 @@ from app.providers.base import (
     Transient,
     Uncertain,
     WebhookRequest,
+    json_value,
 )
 from app.providers.http import (
     Clients,
@@ -128,10 +129,15 @@ def is_request_outcome(status_code: int, body: Any) -> bool:
 
 def result_observation(status_code: int, body: Any, secrets: Secrets) -> Observation:
     """The outcome of a COMPLETED request from its response URL (pure):
-    2xx → the files it made; an error answer → FAILED with fal's reason
-    (a cancelled request counts as CANCELLED)."""
+    2xx → the files it made or, with no file in it (a text model's
+    `{"output": "..."}`), the whole answer as one JSON output; an error
+    answer → FAILED with fal's reason (a cancelled request counts as
+    CANCELLED)."""
     if 200 <= status_code < 300:
-        return Observation(state=TaskState.SUCCEEDED, output_urls=collect_urls(body, only_url_keys=True))
+        urls = collect_urls(body, only_url_keys=True)
+        if urls:
+            return Observation(state=TaskState.SUCCEEDED, output_urls=urls)
+        return Observation(state=TaskState.SUCCEEDED, values=(json_value(body),))
     error_type = body.get("error_type") if isinstance(body, Mapping) else None
     if status_code == 499 or error_type in _CANCELLED_TYPES:
         return ended(TaskState.CANCELLED, secrets, fallback="the request was cancelled")

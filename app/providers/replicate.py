@@ -58,8 +58,6 @@ from urllib.parse import quote
 import httpx
 
 from app.providers.base import (
-    JSON_CONTENT_TYPE,
-    TEXT_CONTENT_TYPE,
     Observation,
     OutputValue,
     Provider,
@@ -73,6 +71,8 @@ from app.providers.base import (
     Uncertain,
     WebhookRequest,
     claimed_id,
+    json_value,
+    text_value,
     webhook_field,
 )
 from app.providers.http import (
@@ -349,24 +349,13 @@ def outputs_of(output: Any) -> tuple[tuple[str, ...], tuple[OutputValue, ...]]:
     if isinstance(output, str):
         if _is_url(output):
             return (output,), ()
-        return (), (OutputValue(_utf8(output), TEXT_CONTENT_TYPE),)
+        return (), (text_value(output),)
     if isinstance(output, list) and any(isinstance(item, str) and not _is_url(item) for item in output):
-        return (), (_json_value(output),)
+        return (), (json_value(output),)
     urls = collect_urls(output)
     if urls:
         return urls, ()
-    return (), (_json_value(output),)
-
-
-def _json_value(output: Any, label: str | None = None) -> OutputValue:
-    # Compact, and the text as the model wrote it (no \u escapes for non-ASCII).
-    return OutputValue(_utf8(json.dumps(output, separators=(",", ":"), ensure_ascii=False)), JSON_CONTENT_TYPE,
-                       label)
-
-
-def _utf8(text: str) -> bytes:
-    # A lone surrogate (JSON can carry "\ud800") has no UTF-8 form: it becomes "?".
-    return text.encode("utf-8", "replace")
+    return (), (json_value(output),)
 
 
 WEIGHTS_LABEL = "weights"
@@ -385,7 +374,7 @@ def training_outputs(output: Any) -> tuple[tuple[str, ...], tuple[OutputValue, .
     urls: tuple[str, ...] = (weights,) if isinstance(weights, str) and _is_url(weights) else ()
     if not urls and not (isinstance(version, str) and version):
         return (), ()
-    return urls, (_json_value(output, OUTPUT_LABEL),)
+    return urls, (json_value(output, OUTPUT_LABEL),)
 
 
 def _state_of(body: dict, secrets: Secrets, what: str) -> TaskState:

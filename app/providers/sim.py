@@ -24,12 +24,14 @@ from app.providers.base import (
     Uncertain,
     WebhookRequest,
     claimed_id,
+    text_value,
     webhook_field,
 )
 from app.providers.http import (
     NO_SECRETS,
     Clients,
     Secrets,
+    collect_urls,
     ended,
     host_of,
     json_object,
@@ -63,11 +65,15 @@ def observation_from_task(body: dict, secrets: Secrets) -> Observation:
     if state is TaskState.CANCELLED:
         return ended(state, secrets, body.get("error"))
     outputs = body.get("outputs") or []
-    urls = tuple(u for u in outputs if isinstance(u, str)) if isinstance(outputs, list) else ()
+    items = [u for u in outputs if isinstance(u, str)] if isinstance(outputs, list) else []
+    # Each entry is an output: a file URL to download, or (`output_text`)
+    # the text itself. Files are indexed first (Observation).
+    urls = tuple(u for u in items if collect_urls(u))
+    texts = tuple(text_value(t) for t in items if not collect_urls(t))
     cost = body.get("cost")
     if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
         cost = None
-    return Observation(state=state, output_urls=urls, cost=int(cost) if cost is not None else None)
+    return Observation(state=state, output_urls=urls, values=texts, cost=int(cost) if cost is not None else None)
 
 
 class SimProvider(Provider):

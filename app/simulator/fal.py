@@ -11,6 +11,8 @@ request is COMPLETED with `error`, and its result answers the model's error.
 Webhooks are signed with Ed25519; the keys are at /fal/.well-known/jwks.json.
 fal reports no cost. A result's `file_size` is its file's length in bytes
 (`output_bytes`, or the media file `output_duration_s` makes).
+`output_text` makes the result a text model's `{"output": <text>}` (the
+field fal's any-llm endpoints answer), with no files.
 """
 from __future__ import annotations
 
@@ -117,6 +119,9 @@ def _extension(content_type: str) -> str:
 
 def result_payload(task: Task) -> dict[str, Any]:
     controls = task.controls
+    if controls.output_text is not None:
+        # A text model's answer, as fal's LLM endpoints give it (fal-ai/any-llm: `output`).
+        return {"output": controls.output_text}
     ext = _extension(controls.content_type)
     return {
         "images": [

@@ -15,6 +15,8 @@ envelope's text key differs by page in KIE's docs: createTask's examples say
 `msg`, the current Get Task Details page says `message`; each route here
 answers its own page's form. The Market callback has no page of its own; it
 is sent as the recordInfo answer for the task at that moment.
+`output_text` is ignored here and in the families: their documented
+answers carry file URLs only (`resultUrls`, `videoUrl`, audio URLs).
 
 The families (every page's envelope says `msg`; the `input` controls ride in
 the top-level body, beside the family's own fields):

@@ -41,10 +41,19 @@ def task_view(task: Task, now: float) -> dict[str, Any]:
     return {
         "id": task.id,
         "status": phase.value,
-        "outputs": task.output_urls() if succeeded else [],
-        "cost": task.controls.cost if succeeded else None,
+        "outputs": outputs(task) if succeeded else [],
+        # An int always (CONTRACT.md): nothing is charged before a success.
+        "cost": task.controls.cost if succeeded else 0,
         "error": task.error(now),
     }
+
+
+def outputs(task: Task) -> list[str]:
+    """A succeeded task's outputs: its file URLs or, with `output_text`,
+    that text as its one output."""
+    if task.controls.output_text is not None:
+        return [task.controls.output_text]
+    return task.output_urls()
 
 
 def _error(message: str, status: int) -> JSONResponse:

@@ -10,7 +10,7 @@ import pytest
 
 from app.config import load_settings
 from app.providers import KNOWN_PROVIDERS, build_providers, close_providers
-from app.providers.base import Rejected, TaskState, Transient, Uncertain
+from app.providers.base import OutputValue, Rejected, TaskState, Transient, Uncertain
 from app.providers.fal import documented_urls, is_request_outcome, operation_urls, queue_root, result_observation
 from app.providers.http import NO_SECRETS, Secrets, collect_urls, retry_after_seconds, same_origin
 from app.providers.kie import observation_from_record, result_urls, submit_outcome
@@ -37,8 +37,15 @@ def test_sim_status_mapping(status, state):
 
 def test_sim_success_carries_outputs_and_cost():
     obs = observation_from_task({"status": "succeeded", "outputs": ["http://h/o/1", 5], "cost": 7}, NO_SECRETS)
-    assert obs.output_urls == ("http://h/o/1",)
+    assert obs.output_urls == ("http://h/o/1",) and obs.values == ()
     assert obs.cost == 7 and obs.error is None
+
+
+def test_sim_text_outputs_are_stored_as_text():
+    """`output_text`: the entry is the text itself, not a URL to fetch."""
+    obs = observation_from_task({"status": "succeeded", "outputs": ["héllo, wörld"], "cost": 1}, NO_SECRETS)
+    assert obs.output_urls == ()
+    assert obs.values == (OutputValue("héllo, wörld".encode(), "text/plain; charset=utf-8"),)
 
 
 def test_sim_failure_has_a_reason_even_without_one():
@@ -253,6 +260,15 @@ def test_fal_result_urls_come_from_url_fields_only():
     obs = result_observation(200, body, NO_SECRETS)
     assert obs.state is TaskState.SUCCEEDED
     assert obs.output_urls == ("https://v3.fal.media/a.png", "https://v3.fal.media/b.png", "https://fal.media/v.mp4")
+    assert obs.values == ()
+
+
+def test_a_fal_result_without_files_is_one_json_output():
+    """A text model's answer (any-llm's `{"output": ...}`) is kept whole:
+    a success with nothing stored would be a paid answer lost."""
+    obs = result_observation(200, {"output": "héllo", "partial": False}, NO_SECRETS)
+    assert obs.state is TaskState.SUCCEEDED and obs.output_urls == ()
+    assert obs.values == (OutputValue('{"output":"héllo","partial":false}'.encode(), "application/json"),)
 
 
 @pytest.mark.parametrize("code, body, state, reason", [

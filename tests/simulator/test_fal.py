@@ -67,6 +67,12 @@ def test_request_goes_in_queue_in_progress_completed_with_a_result(client, sim_u
         assert hashlib.sha256(body).hexdigest() == output_sha256(request_id, index, 2048)
 
 
+def test_output_text_answers_as_a_text_model(client):
+    request = submit(client, {"prompt": "hi", "duration_s": 0, "output_text": "héllo"}, model="fal-ai/any-llm").json()
+    wait_completed(client, request)
+    assert client.get(request["response_url"], headers=AUTH).json() == {"output": "héllo"}
+
+
 def test_status_urls_built_from_the_full_model_id_are_404(client, sim_url):
     request = submit(client, {"duration_s": 5}).json()
     wrong = f"{sim_url}/fal/fal-ai/flux/dev/requests/{request['request_id']}/status"

@@ -37,7 +37,8 @@ def test_task_runs_to_success_with_outputs_that_match_their_sha256(client):
     assert set(created.json()) == {"id", "webhook_secret"} and secret
 
     early = client.get(f"/v1/tasks/{task_id}").json()
-    assert early == {"id": task_id, "status": early["status"], "outputs": [], "cost": None, "error": None}
+    # `cost` is an int in every state (CONTRACT.md): 0 until a success.
+    assert early == {"id": task_id, "status": early["status"], "outputs": [], "cost": 0, "error": None}
     assert early["status"] in ("queued", "running")
 
     task = wait_terminal(client, task_id)
@@ -77,8 +78,14 @@ def test_failed_outcome_reports_an_error_and_no_outputs(client):
     task = wait_terminal(client, task_id)
     assert task["status"] == "failed"
     assert isinstance(task["error"], str) and task["error"]
-    assert task["outputs"] == [] and task["cost"] is None
+    assert task["outputs"] == [] and task["cost"] == 0
     assert client.get(f"/outputs/{task_id}/0").status_code == 404
+
+
+def test_output_text_is_the_one_output_in_place_of_files(client):
+    task_id = create(client, {"duration_s": 0, "outputs": 3, "output_text": "héllo wörld"}).json()["id"]
+    task = client.get(f"/v1/tasks/{task_id}").json()
+    assert task == {"id": task_id, "status": "succeeded", "outputs": ["héllo wörld"], "cost": 1, "error": None}
 
 
 def test_same_idempotency_key_returns_the_same_task(client):
