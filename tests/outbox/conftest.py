@@ -40,6 +40,18 @@ async def wait_for_status(pool, job_id: str, statuses, timeout: float = 20.0) ->
         await asyncio.sleep(0.05)
 
 
+async def succeeded_with_one_output(server, api_key: str, pool, job: dict) -> tuple[dict, dict, bytes]:
+    """Create `job` over the API, wait for its success, and read it back:
+    the job, its one output and that output's bytes."""
+    async with server.client(api_key) as c:
+        created = (await c.post("/v1/jobs", json=job)).json()
+        await wait_for_status(pool, created["id"], "succeeded")
+        got = (await c.get(f"/v1/jobs/{created['id']}")).json()
+        (out,) = got["outputs"]
+        body = (await c.get(out["url"])).content
+    return got, out, body
+
+
 async def wait_for_settlers(pool, count: int, timeout: float = 30.0) -> None:
     """Until `count` settler processes listen on this database: each has
     taken its signals over by then, and a test of two processes races two."""

@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from app.providers.replicate import ReplicateProvider
 from app.vocabulary import JobError, JobStatus
-from tests.outbox.conftest import assert_money_balances, running_job, wait_for_status
+from tests.outbox.conftest import assert_money_balances, running_job, succeeded_with_one_output, wait_for_status
 from tests.support.loopback import LoopbackServer
 
 TOKEN = "r8_outputs_test_token"
@@ -44,12 +44,7 @@ async def test_a_text_answer_is_one_text_output(web, make_owner, db, sim, make_s
     server = await web(**env)
     await start_settler(make_settings(**env))
     owner = await make_owner(credits=100)
-    async with server.client(owner.api_key) as c:
-        created = (await c.post("/v1/jobs", json=replicate_job(output_text=TEXT))).json()
-        await wait_for_status(db, created["id"], JobStatus.SUCCEEDED)
-        got = (await c.get(f"/v1/jobs/{created['id']}")).json()
-        (out,) = got["outputs"]
-        body = (await c.get(out["url"])).content
+    got, out, body = await succeeded_with_one_output(server, owner.api_key, db, replicate_job(output_text=TEXT))
     expected = TEXT.encode()
     assert (out["index"], out["content_type"], out["bytes"]) == (0, "text/plain; charset=utf-8", len(expected))
     assert body == expected and out["sha256"] == hashlib.sha256(expected).hexdigest()

@@ -8,8 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from app.vocabulary import JobStatus
-from tests.outbox.conftest import assert_money_balances, wait_for_status
+from tests.outbox.conftest import assert_money_balances, succeeded_with_one_output
 from tests.roads.conftest import provider_env
 
 TEXT = "hello Alice \N{SLIGHTLY SMILING FACE}"
@@ -21,12 +20,7 @@ async def test_a_text_answer_is_one_text_output(web, make_owner, db, sim, make_s
     owner = await make_owner(credits=100)
     job = {"provider": "sim", "model": "llm", "input": {"duration_s": 0.1, "output_text": TEXT, "cost": 3},
            "max_credits": 10}
-    async with server.client(owner.api_key) as c:
-        created = (await c.post("/v1/jobs", json=job)).json()
-        await wait_for_status(db, created["id"], JobStatus.SUCCEEDED)
-        got = (await c.get(f"/v1/jobs/{created['id']}")).json()
-        (out,) = got["outputs"]
-        body = (await c.get(out["url"])).content
+    got, out, body = await succeeded_with_one_output(server, owner.api_key, db, job)
     expected = TEXT.encode()
     assert (out["index"], out["content_type"], out["bytes"]) == (0, "text/plain; charset=utf-8", len(expected))
     assert body == expected and out["sha256"] == hashlib.sha256(expected).hexdigest()
@@ -43,12 +37,7 @@ async def test_a_fal_text_answer_is_one_json_output(web, make_owner, db, sim, ma
     owner = await make_owner(credits=100)
     job = {"provider": "fal", "model": "fal-ai/any-llm", "input": {"duration_s": 0.1, "output_text": TEXT},
            "max_credits": 10}
-    async with server.client(owner.api_key) as c:
-        created = (await c.post("/v1/jobs", json=job)).json()
-        await wait_for_status(db, created["id"], JobStatus.SUCCEEDED)
-        got = (await c.get(f"/v1/jobs/{created['id']}")).json()
-        (out,) = got["outputs"]
-        body = (await c.get(out["url"])).content
+    got, out, body = await succeeded_with_one_output(server, owner.api_key, db, job)
     assert out["content_type"] == "application/json"
     assert json.loads(body) == {"output": TEXT}
     assert got["credits"] == {"reserved": 10, "charged": 10, "refunded": 0}  # fal reports no cost
