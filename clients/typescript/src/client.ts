@@ -2,6 +2,7 @@
 // Methods return the API's JSON as it is (snake_case fields), typed in ./types.ts.
 
 import { ConnectionError, LongcallError } from "./errors.js";
+import { type DownloadedOutput, writeDownload } from "./files.js";
 import { type FetchLike, Transport, sleep } from "./http.js";
 import type {
   Account,
@@ -105,6 +106,14 @@ export interface GrantOptions extends PlatformCallOptions {
 
 /** The longest `?wait=` the server holds a read (CONTRACT.md). */
 export const MAX_WAIT_S = 30;
+
+/** The `?wait=` of the next long poll with `leftMs` left: to the millisecond (the server takes
+ * fractional seconds), so the last poll ends at the deadline; 0 once it has passed (read at once). */
+export function pollSeconds(leftMs: number): number {
+  if (!(leftMs > 0)) return 0;
+  return Math.min(MAX_WAIT_S, Math.floor(leftMs) / 1000);
+}
+
 const DEFAULT_WAIT_TIMEOUT_MS = 10 * 60_000;
 // A long poll answered at once without a change must not become a tight loop.
 const MIN_POLL_INTERVAL_S = 0.1;
@@ -178,12 +187,10 @@ export class Jobs {
     const deadline = Date.now() + (options.timeoutMs ?? DEFAULT_WAIT_TIMEOUT_MS);
     const perRequestMs = this.http.timeoutMs;
     for (;;) {
-      const leftMs = deadline - Date.now();
-      // Whole seconds, at least 1: the last poll may overrun the deadline by under a second.
-      const waitS = Math.max(1, Math.min(MAX_WAIT_S, Math.floor(leftMs / 1000)));
+      const waitS = pollSeconds(deadline - Date.now());
       const started = Date.now();
       const job = await this.http.json<Job>({
-        method: "GET", path, query: { wait: leftMs > 0 ? waitS : undefined }, retry: true,
+        method: "GET", path, query: { wait: waitS > 0 ? waitS : undefined }, retry: true,
         owner: options.owner, signal: options.signal, timeoutMs: perRequestMs + waitS * 1000,
       });
       if (isTerminal(job.status) || Date.now() >= deadline) return job;
@@ -199,9 +206,24 @@ export class Jobs {
       ...common(options) });
   }
 
-  /** The bytes of output `index`. A 302 to a presigned URL is followed without our Authorization
-   * and Longcall-Owner headers: the URL carries its own short-lived signature. */
-  async download(jobId: string, index: number, options: CallOptions = {}): Promise<Uint8Array> {
+  /** Output `index`: its bytes or, given a `path`, written to that file (beside it under a temporary
+   * name, moved into place only once complete and checked against the answer's length and sha256; a
+   * failed download leaves nothing behind), as the Python client's `download(job_id, index, path)`.
+   * A 302 to a presigned URL is followed without our Authorization and Longcall-Owner headers: the URL
+   * carries its own short-lived signature. */
+  download(jobId: string, index: number, options?: CallOptions): Promise<Uint8Array>;
+  download(jobId: string, index: number, path: string, options?: CallOptions): Promise<DownloadedOutput>;
+  async download(jobId: string, index: number, pathOrOptions?: string | CallOptions,
+    pathOptions: CallOptions = {}): Promise<Uint8Array | DownloadedOutput> {
+    const path = typeof pathOrOptions === "string" ? pathOrOptions : undefined;
+    if (path === "") throw new TypeError("path must be a non-empty string");
+    const response = await this.output(jobId, index, path === undefined ? pathOrOptions as CallOptions ?? {}
+      : pathOptions);
+    return path === undefined ? new Uint8Array(await response.arrayBuffer()) : writeDownload(response, path);
+  }
+
+  /** The 200 answer carrying output `index`'s bytes: ours, or the storage's behind a 302. */
+  private async output(jobId: string, index: number, options: CallOptions): Promise<Response> {
     if (!Number.isSafeInteger(index) || index < 0) throw new TypeError("index must be a whole number ≥ 0");
     const call = {
       method: "GET" as const, path: `/v1/jobs/${segment(jobId, "jobId")}/outputs/${index}`, retry: true,
@@ -212,7 +234,7 @@ export class Jobs {
       // Browsers hide a manual redirect's Location; there is no way to follow it without our headers.
       throw new LongcallError("unexpected_response", `GET ${call.path}: a redirect this runtime cannot read`, 0);
     }
-    if (first.status < 300) return new Uint8Array(await first.arrayBuffer());
+    if (first.status < 300) return first;
     const location = first.headers.get("location");
     await first.body?.cancel();
     if (!location) throw new LongcallError("unexpected_response", `GET ${call.path}: a redirect without Location`,
@@ -220,7 +242,7 @@ export class Jobs {
     return this.fetchPresigned(new URL(location, this.http.url(call)), call.path, options);
   }
 
-  private async fetchPresigned(url: URL, path: string, options: CallOptions): Promise<Uint8Array> {
+  private async fetchPresigned(url: URL, path: string, options: CallOptions): Promise<Response> {
     const timeout = AbortSignal.timeout(options.timeoutMs ?? this.http.timeoutMs);
     const signal = options.signal ? AbortSignal.any([timeout, options.signal]) : timeout;
     let response: Response;
@@ -237,7 +259,7 @@ export class Jobs {
       throw new LongcallError("unexpected_response", `GET ${path}: the storage server answered HTTP ${response.status}`,
         response.status);
     }
-    return new Uint8Array(await response.arrayBuffer());
+    return response;
   }
 
   /** GET /v1/jobs/{id}/events: the job's timeline, oldest first. */

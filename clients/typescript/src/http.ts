@@ -78,11 +78,13 @@ export class Transport {
   /** The answer to a call, 2xx (or 3xx with acceptRedirect); any other answer is thrown as its error. */
   async send(call: Call): Promise<Response> {
     const url = this.url(call);
+    // Encoded once, before anything is sent: a body JSON cannot carry is the caller's error, never a retry.
+    const body = call.body === undefined ? undefined : jsonBody(call.body);
     for (let attempt = 0; ; attempt++) {
       const retriesLeft = call.retry === true && attempt < this.maxRetries;
       let response: Response;
       try {
-        response = await this.fetch(url, this.init(call));
+        response = await this.fetch(url, this.init(call, body));
       } catch (err) {
         if (call.signal?.aborted) throw call.signal.reason;
         if (!retriesLeft) throw this.connectionError(call, err);
@@ -112,7 +114,7 @@ export class Transport {
     return `${this.baseUrl}${call.path}${query ? `?${query}` : ""}`;
   }
 
-  private init(call: Call): RequestInit {
+  private init(call: Call, body: string | undefined): RequestInit {
     const headers: Record<string, string> = {
       Accept: "application/json",
       Authorization: `Bearer ${this.#apiKey}`,
@@ -120,11 +122,7 @@ export class Transport {
     };
     const owner = call.actsForOwner === false ? undefined : call.owner ?? this.defaultOwner;
     if (owner) headers["Longcall-Owner"] = owner;
-    let body: string | undefined;
-    if (call.body !== undefined) {
-      headers["Content-Type"] = "application/json";
-      body = JSON.stringify(call.body);
-    }
+    if (body !== undefined) headers["Content-Type"] = "application/json";
     const timeout = AbortSignal.timeout(call.timeoutMs ?? this.timeoutMs);
     const signal = call.signal ? AbortSignal.any([timeout, call.signal]) : timeout;
     // Never followed here: fetch would carry our headers to wherever a redirect points.
@@ -192,4 +190,16 @@ function describe(err: unknown): string {
 
 export function sleep(seconds: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+}
+
+/** `value` as JSON. JSON has no NaN or Infinity: JSON.stringify would send them as null (a paid job
+ * created from an input the caller did not write), so they are refused here, as the server refuses them
+ * (400 invalid_request) and as the Python client does. */
+export function jsonBody(value: unknown): string {
+  return JSON.stringify(value, (key, item: unknown) => {
+    if (typeof item === "number" && !Number.isFinite(item)) {
+      throw new RangeError(`${key ? `"${key}"` : "the body"} is ${item}: JSON has no NaN or Infinity`);
+    }
+    return item;
+  });
 }

@@ -16,6 +16,7 @@ export {
   type WaitOptions,
 } from "./client.js";
 export * from "./errors.js";
+export type { DownloadedOutput } from "./files.js";
 export type { FetchLike } from "./http.js";
 export * from "./types.js";
 export { verifyWebhook, type VerifyWebhookOptions, type WebhookHeaders } from "./webhooks.js";

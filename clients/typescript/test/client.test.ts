@@ -2,6 +2,9 @@
 
 import assert from "node:assert/strict";
 import { createHash, randomUUID } from "node:crypto";
+import { mkdtemp, readFile, readdir } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
 import {
@@ -77,12 +80,22 @@ describe("jobs", () => {
     assert.ok(job.finished_at);
     assert.ok(job.outputs.length >= 1);
     assert.equal(job.credits.charged + job.credits.refunded, job.credits.reserved);
+    const dir = await mkdtemp(join(tmpdir(), "longcall-download-"));
     for (const output of job.outputs) {
       const bytes = await client.jobs.download(job.id, output.index);
       assert.ok(bytes instanceof Uint8Array);
       assert.equal(bytes.byteLength, output.bytes);
       assert.equal(sha256(bytes), output.sha256);
+      // With a path (CONTRACT.md: download(job_id, index, path)): the file, and what was written.
+      const path = join(dir, `out-${output.index}`);
+      const written = await client.jobs.download(job.id, output.index, path);
+      assert.deepEqual(written, { path, bytes: output.bytes, sha256: output.sha256,
+        contentType: output.content_type });
+      assert.equal(sha256(await readFile(path)), output.sha256);
     }
+    // A failed download leaves nothing behind: no file, no temporary part.
+    await rejectsWith(client.jobs.download(job.id, 99, join(dir, "missing")), NotFoundError, "not_found", 404);
+    assert.deepEqual((await readdir(dir)).sort(), job.outputs.map((o) => `out-${o.index}`).sort());
     const again = await client.jobs.get(job.id);
     assert.equal(again.status, "succeeded");
     assert.deepEqual(again.outputs, job.outputs);
@@ -99,6 +112,36 @@ describe("jobs", () => {
     assert.equal(job.credits.charged, 0);
     assert.equal(job.credits.refunded, 5);
     assert.deepEqual(job.metadata, {});
+  });
+
+  test("wait's last poll ends at the deadline: ?wait= to the millisecond, not whole seconds", async () => {
+    const asked: string[] = [];
+    const recording = new Client({ baseUrl: lc.base_url, apiKey: lc.api_key, fetch: async (input, init) => {
+      asked.push(new URL(String(input)).searchParams.get("wait") ?? "");
+      return globalThis.fetch(input, init);
+    } });
+    const created = await recording.jobs.create({ provider: "sim", model: "image-fast",
+      input: { prompt: "slow", duration_s: 120 }, maxCredits: 5 });
+    asked.length = 0;
+    const job = await recording.jobs.wait(created.id, { timeoutMs: 700 });
+    assert.ok(!["succeeded", "failed", "cancelled", "expired"].includes(job.status), job.status);
+    const first = Number(asked[0]);
+    assert.ok(first > 0 && first <= 0.7, `the first poll asked ?wait=${asked[0]}`);  // was 1 (whole seconds)
+    await client.jobs.cancel(created.id);
+  });
+
+  test("a NaN or Infinity in the input is refused before anything is sent", async () => {
+    let sent = 0;
+    const counting = new Client({ baseUrl: lc.base_url, apiKey: lc.api_key, fetch: async (input, init) => {
+      sent += 1;
+      return globalThis.fetch(input, init);
+    } });
+    for (const bad of [Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY]) {
+      await assert.rejects(counting.jobs.create({ provider: "sim", model: "image-fast", input: { deep: { v: bad } },
+        maxCredits: 5 }), (err: unknown) => err instanceof RangeError && /"v" is .*JSON has no NaN or Infinity/
+        .test(err.message));
+    }
+    assert.equal(sent, 0);  // JSON.stringify would have sent null: a paid job from an input nobody wrote
   });
 
   test("wait returns the job unfinished once its timeout passes", { timeout: 60_000 }, async () => {
