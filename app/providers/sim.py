@@ -69,7 +69,7 @@ def observation_from_task(body: dict, secrets: Secrets) -> Observation:
     # Each entry is an output: a file URL to download, or (`output_text`)
     # the text itself. Files are indexed first (Observation).
     urls = tuple(u for u in items if collect_urls(u))
-    texts = tuple(text_value(t) for t in items if not collect_urls(t))
+    texts = tuple(text_value(t) for t in items if t not in urls)
     cost = body.get("cost")
     if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
         cost = None

@@ -74,6 +74,11 @@ class JobChanges:
             if not self._watches:
                 self._schedule_unlisten()
 
+    @property
+    def connected(self) -> bool:
+        """Its connection is up (a watch entered now LISTENs at once)."""
+        return self._conn is not None
+
     def watching(self, job_id: str) -> int:
         """How many requests are watching this job now."""
         return len(self._watches.get(job_id, ()))

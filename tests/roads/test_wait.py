@@ -144,6 +144,9 @@ async def test_waiters_survive_the_listener_connection_dropping(running, db):
         r = await asyncio.wait_for(waiting, 12)
         assert r.status_code == 200 and r.json()["status"] == "cancelled"
         await wait_until(lambda: _one_listener(db), timeout=5)
+        # Set up, not only connected: a read that came before would be woken by the reconnect itself.
+        changes = server.app.state.job_changes
+        await wait_until(lambda: _true(changes.connected), timeout=5)
         # and the new listener works: a fresh wait is woken by a change
         other_started = time.monotonic()
         waiting = asyncio.create_task(c.get(f"/v1/jobs/{running[3]['id']}?wait=20"))

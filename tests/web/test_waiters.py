@@ -32,7 +32,8 @@ async def _started(dsn: str, pool, linger_s: float) -> JobChanges:
     await changes.start()
 
     async def connected() -> bool:
-        return await pool.fetchval(LAST_STATEMENT) is not None
+        # Up and set up: its backend alone exists before the connection's setup is done.
+        return changes.connected
 
     await _eventually(connected)
     return changes
