@@ -4,6 +4,7 @@ given back on shutdown. Real PostgreSQL, a real settler on the test's loop."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
 import time
@@ -49,8 +50,14 @@ async def _no_op_intents(db, make_owner, n: int) -> list[str]:
 
 
 async def _until(check, timeout: float = 20.0) -> None:
+    """Until `check()` (a bool, or an awaitable of one) is true."""
     deadline = time.monotonic() + timeout
-    while not await check():
+    while True:
+        done = check()
+        if inspect.isawaitable(done):
+            done = await done
+        if done:
+            return
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.02)
 
@@ -100,14 +107,20 @@ async def test_claimed_intents_that_never_started_are_given_back_on_shutdown(db,
     monkeypatch.setitem(settler_module.STEPS, IntentKind.CANCEL, held_step)
     task = asyncio.create_task(settler.run())
     try:
-        await _until(lambda: db.fetchval("select count(*) = $1 from outbox where claimed_until is not null", batch))
-        assert len(started) == 1 and len(settler.waiting) == batch - 1  # one running, the rest claimed and waiting
+        # Waited for on the settler's side: its claim is committed (and seen
+        # from here) a moment before the settler has read the claim's answer.
+        await _until(lambda: len(started) == 1 and len(settler.waiting) == batch - 1)  # one running, the rest waiting
+        assert await db.fetchval("select count(*) from outbox where claimed_until is not null") == batch
         settler.stop()
         await asyncio.sleep(0.1)
         gate.set()  # the running one finishes within the grace
         await asyncio.wait_for(task, 30)
     finally:
+        # (A failed assertion must not leave the settler running for the
+        # tests after this one: its listener would count as theirs.)
+        settler.stop()
         gate.set()
+        await asyncio.wait_for(task, 30)
         await ctx.close()
     rows = await db.fetch("select claimed_until from outbox")
     # the finished one is deleted; those that waited are due again at once, unleased
