@@ -1541,6 +1541,10 @@ async def timelines_tell_the_story(conn) -> Check:
                        r["credits_refunded"], r["error_code"], r["provider_task_id"], r["submit_attempts"], assets,
                        r["delivered"], r["failed"])
         problems += timeline_problems(job, lines.get(job.id, []))
+    # No foreign key holds a line to its job (migrations/011): this does.
+    known = {r["id"] for r in rows}
+    problems += [f"{job_id}: {len(kept)} timeline lines and no such job"
+                 for job_id, kept in sorted(lines.items()) if job_id not in known]
     return Check(TIMELINE_CHECK, len(rows), problems)
 
 

@@ -42,10 +42,11 @@ def status_changed(job_id_sql: str, detail_sql: str) -> str:
             f"is distinct from {detail_sql}")
 
 
+# (From the job's row, as every line is: the timeline has no foreign key.)
 STATUS_CHECKED = f"""
 insert into job_events (job_id, type, detail)
-select $1, '{EventType.STATUS_CHECKED}', $2::jsonb
-where {status_changed('$1', '$2::jsonb')}
+select id, '{EventType.STATUS_CHECKED}', $2::jsonb from jobs
+where id = $1 and {status_changed('$1', '$2::jsonb')}
 """
 
 

@@ -101,6 +101,20 @@ async def test_the_statements_write_a_story_the_check_accepts(db, make_owner):
     assert not check.ok and "are not its outputs" in check.violations[0]
 
 
+async def test_a_line_for_no_job_is_caught(db, make_owner):
+    """No foreign key holds a line to its job (migrations/011); the check does."""
+    await db.execute("insert into job_events (job_id, type) values ('job_000000000000000000000000', 'closed')")
+    async with db.acquire() as conn:
+        check = await invariants.timelines_tell_the_story(conn)
+    assert check.violations == ["job_000000000000000000000000: 1 timeline lines and no such job"]
+
+
+async def test_a_status_line_for_no_job_writes_nothing(db):
+    async with db.acquire() as conn:
+        await events.status_checked(conn, "job_000000000000000000000000", {"state": "running", "error": None})
+    assert await db.fetchval("select count(*) from job_events") == 0
+
+
 async def test_a_closing_check_that_says_what_the_last_one_said_writes_no_line(db, make_owner):
     owner = await make_owner(credits=100)
     created = await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim",
