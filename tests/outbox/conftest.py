@@ -52,14 +52,21 @@ async def succeeded_with_one_output(server, api_key: str, pool, job: dict) -> tu
     return got, out, body
 
 
-async def wait_for_settlers(pool, count: int, timeout: float = 30.0) -> None:
-    """Until `count` settler processes listen on this database: each has
-    taken its signals over by then, and a test of two processes races two."""
+async def server_now(pool):
+    """The database's clock now: what `wait_for_settlers` counts from."""
+    return await pool.fetchval("select clock_timestamp()")
+
+
+async def wait_for_settlers(pool, count: int, *, started_after, timeout: float = 30.0) -> None:
+    """Until `count` settler processes started after `started_after` (the
+    database's clock, `server_now`) listen on this database: each has taken
+    its signals over by then, and a test of two processes races two. (Not
+    any listener: a killed settler's backend may linger a moment.)"""
     deadline = time.monotonic() + timeout
     while True:
         listening = await pool.fetchval(
-            "select count(*) from pg_stat_activity"
-            " where datname = current_database() and application_name = 'longcall-settler-listen'")
+            "select count(*) from pg_stat_activity where datname = current_database()"
+            " and application_name = 'longcall-settler-listen' and backend_start > $1", started_after)
         if listening >= count:
             return
         if time.monotonic() > deadline:

@@ -18,7 +18,7 @@ from app.config import load_settings
 from app.models_file import parse
 from app.vocabulary import JobError, JobStatus
 from outbox import decide
-from tests.outbox.conftest import assert_money_balances, wait_for_settlers, wait_for_status
+from tests.outbox.conftest import assert_money_balances, server_now, wait_for_settlers, wait_for_status
 from tests.outbox.test_races import env_of, settler_process
 from tests.providers.scripted import Script
 from tests.support.loopback import LoopbackServer
@@ -89,12 +89,13 @@ async def test_two_settler_processes_never_exceed_a_cap_of_3_and_all_30_jobs_suc
     # Webhooks close each job as its task ends: a place frees within a second
     # of the task, far inside the 60 s backstop a lost wake would cost.
     env = env_of(make_settings, sim, tmp_objects, MAX_IN_FLIGHT_SIM=3, PUBLIC_URL=server.url)
+    since = await server_now(db)
     procs = [settler_process(env) for _ in range(2)]
     stop = asyncio.Event()
     watcher = asyncio.create_task(_peak_submitted(db, "sim", stop))
     started = time.monotonic()
     try:
-        await wait_for_settlers(db, 2)
+        await wait_for_settlers(db, 2, started_after=since)
         async with server.client(owner.api_key) as c:
             ids = [(await c.post("/v1/jobs", json={"provider": "sim", "model": "m", "max_credits": 5,
                                                    "input": {"duration_s": 0.5}})).json()["id"]

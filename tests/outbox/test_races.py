@@ -17,7 +17,7 @@ from outbox import intents
 from outbox.context import Context
 from outbox.outcome import Done
 from outbox.settle import settle
-from tests.outbox.conftest import assert_money_balances, wait_for_settlers, wait_for_status
+from tests.outbox.conftest import assert_money_balances, server_now, wait_for_settlers, wait_for_status
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,9 +69,10 @@ async def test_settle_requests_storm_with_two_settler_processes(web, make_owner,
                                                                 tmp_objects):
     server = await web(SIM_URL=sim.url)
     owner = await make_owner(credits=1000, max_active=50)
+    since = await server_now(db)
     procs = [settler_process(env_of(make_settings, sim, tmp_objects)) for _ in range(2)]
     try:
-        await wait_for_settlers(db, 2)
+        await wait_for_settlers(db, 2, started_after=since)
         async with server.client(owner.api_key) as c:
             ids = [(await c.post("/v1/jobs", json=job(duration_s=0.5, cost=3))).json()["id"] for _ in range(20)]
 

@@ -17,7 +17,7 @@ from outbox import settler as settler_module
 from outbox.context import Context
 from outbox.outcome import DONE
 from outbox.settler import Settler
-from tests.outbox.conftest import wait_for_settlers
+from tests.outbox.conftest import server_now, wait_for_settlers
 from tests.outbox.test_races import env_of, settler_process
 
 
@@ -201,11 +201,12 @@ async def test_a_settler_stopped_while_it_connects_exits_cleanly(tmp_path):
 async def test_a_settler_opens_its_whole_pool_before_it_listens(db, make_settings, sim, tmp_objects):
     """Its first jobs find their connections open: concurrency + 4 pooled
     connections exist by the time it listens for work."""
+    since = await server_now(db)
     proc = settler_process(env_of(make_settings, sim, tmp_objects))  # --concurrency 8
     try:
-        await wait_for_settlers(db, 1)
-        pooled = await db.fetchval("select count(*) from pg_stat_activity"
-                                   " where datname = current_database() and application_name = 'longcall-settler'")
+        await wait_for_settlers(db, 1, started_after=since)
+        pooled = await db.fetchval("select count(*) from pg_stat_activity where datname = current_database()"
+                                   " and application_name = 'longcall-settler' and backend_start > $1", since)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
