@@ -13,6 +13,7 @@ import httpx
 
 from app.providers.base import (
     Observation,
+    OutputValue,
     Provider,
     ProviderFacts,
     Rejected,
@@ -68,12 +69,18 @@ def observation_from_task(body: dict, secrets: Secrets) -> Observation:
     items = [u for u in outputs if isinstance(u, str)] if isinstance(outputs, list) else []
     # Each entry is an output: a file URL to download, or (`output_text`)
     # the text itself. Files are indexed first (Observation).
-    urls = tuple(u for u in items if collect_urls(u))
-    texts = tuple(text_value(t) for t in items if t not in urls)
+    urls: list[str] = []
+    texts: list[OutputValue] = []
+    for item in items:
+        if collect_urls(item):
+            urls.append(item)
+        else:
+            texts.append(text_value(item))
     cost = body.get("cost")
     if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
         cost = None
-    return Observation(state=state, output_urls=urls, values=texts, cost=int(cost) if cost is not None else None)
+    return Observation(state=state, output_urls=tuple(urls), values=tuple(texts),
+                       cost=int(cost) if cost is not None else None)
 
 
 class SimProvider(Provider):
