@@ -164,7 +164,11 @@ def parse_json_object(raw: bytes) -> dict:
         field = _field_too_deep(text)
         where = _render_path((None, field)) if field is not None else "the request body"
         raise invalid(f"{where} nests deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError:
+    except ValueError as exc:
+        if not isinstance(exc, json.JSONDecodeError) and "integer string conversion" in str(exc):
+            # Valid JSON, but an integer longer than Python converts
+            # (sys.get_int_max_str_digits, 4,300 digits).
+            raise invalid("the request body holds an integer with too many digits") from None
         raise invalid("the request body is not valid JSON (NaN and Infinity are not JSON)") from None
     if not isinstance(value, dict):
         raise invalid("the request body must be a JSON object")
@@ -214,12 +218,18 @@ async def read_capped(request: Request, cap: int = MAX_BODY) -> bytes:
     return b"".join(chunks)
 
 
-async def read_json_object(request: Request) -> dict:
+async def read_body(request: Request) -> bytes:
+    """The raw body under the cap every request body has (CONTRACT: 1 MiB);
+    ApiError 413 over it. A route that takes no body reads it too, so an
+    oversized one is refused there as well, before anything changes."""
     try:
-        raw = await read_capped(request)
+        return await read_capped(request)
     except TooLarge:
         raise ApiError(ApiErrorCode.PAYLOAD_TOO_LARGE, f"the request body is over {MAX_BODY} bytes") from None
-    return parse_json_object(raw)
+
+
+async def read_json_object(request: Request) -> dict:
+    return parse_json_object(await read_body(request))
 
 
 def query_value(request: Request, name: str) -> str | None:

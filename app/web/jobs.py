@@ -5,6 +5,7 @@ import base64
 import binascii
 import contextlib
 import datetime as dt
+import functools
 import json
 from collections.abc import Callable
 
@@ -31,6 +32,7 @@ from app.web.body import (
     invalid,
     parse_output_index,
     query_value,
+    read_body,
     read_json_object,
 )
 from app.web.errors import ApiError, not_found
@@ -152,6 +154,24 @@ def _wait_seconds(request: Request) -> float:
     return value
 
 
+def token_readable(route: Callable) -> Callable:
+    """A route a read token may use, from a browser page holding a job's
+    `status_url`: its errors answer CORS too when no API key was sent (a
+    bad `?wait=`, a missing output, a bad token's 404), so the page's script
+    reads the error instead of a bare network failure. They say no more
+    than they say to anyone."""
+    @functools.wraps(route)
+    async def answer(request: Request) -> Response:
+        try:
+            return await route(request)
+        except ApiError as exc:
+            if not has_bearer(request):
+                exc.headers = {**exc.headers, **CORS}
+            raise
+    return answer
+
+
+@token_readable
 async def read_job(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     wait_s = _wait_seconds(request)
@@ -247,6 +267,7 @@ async def list_jobs(request: Request) -> Response:
 
 async def cancel_job(request: Request) -> Response:
     owner_id = await require_owner(request)
+    await read_body(request)  # none is taken, but one over the cap is refused (413) before the cancel
     job_id = request.path_params["job_id"]
     if not ids.is_job_id(job_id):
         raise not_found()
@@ -265,6 +286,7 @@ async def cancel_job(request: Request) -> Response:
     return JSONResponse(render_job(row, read_token_for(request, job_id)))
 
 
+@token_readable
 async def read_output(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     row, via_token = await _readable_job(request, job_id)
@@ -299,6 +321,7 @@ async def serve_output(request: Request, job_id: str, assets: list, index_text: 
     return StreamingResponse(stream, media_type=content_type, headers=headers)
 
 
+@token_readable
 async def read_events(request: Request) -> Response:
     """The job's timeline, oldest first (app/domain/events.py)."""
     job_id = request.path_params["job_id"]

@@ -340,7 +340,7 @@ PATHS = {
         "summary": "Cancel a job not yet terminal (refunded in this request)",
         "parameters": [_JOB_ID],
         "responses": {"200": _json("the cancelled job", _JOB),
-                      **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, E.INVALID_STATE, *_DB)}}},
+                      **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, E.INVALID_STATE, E.PAYLOAD_TOO_LARGE, *_DB)}}},
     "/v1/jobs/{job_id}/outputs/{index}": {
         "get": {
             "operationId": "readOutput",
@@ -445,7 +445,8 @@ PATHS = {
         "operationId": "deleteWebhookEndpoint",
         "summary": "Delete an endpoint: it gets nothing more, its pending deliveries fail",
         "parameters": [{"name": "endpoint_id", "in": "path", "required": True, "schema": _STRING}],
-        "responses": {"204": {"description": "deleted"}, **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, *_DB)}}},
+        "responses": {"204": {"description": "deleted"},
+                      **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, E.PAYLOAD_TOO_LARGE, *_DB)}}},
     "/v1/notifications": {"get": {
         "operationId": "listNotifications",
         "summary": "The owner's notifications, newest first, with each delivery's state",
@@ -465,7 +466,7 @@ PATHS = {
         "parameters": [{"name": "notification_id", "in": "path", "required": True, "schema": _STRING}],
         "responses": {"202": _json("the notification, its deliveries pending again",
                                    {"$ref": "#/components/schemas/Notification"}),
-                      **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, E.INVALID_STATE, *_DB)}}},
+                      **_errors(E.UNAUTHENTICATED, E.NOT_FOUND, E.INVALID_STATE, E.PAYLOAD_TOO_LARGE, *_DB)}}},
     "/healthz": {"get": {"operationId": "healthz", "summary": "Liveness", "security": [],
                          "responses": {"200": _json("alive", {"$ref": "#/components/schemas/Health"})}}},
     "/readyz": {"get": {"operationId": "readyz", "summary": "Database reachable", "security": [],

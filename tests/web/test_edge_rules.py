@@ -83,6 +83,7 @@ def test_json_problem_is_iterative_and_messages_are_ascii():
     (b'{"a":' * 2000 + b"1" + b"}" * 2000, "nests deeper than 64 levels"),
     (b"[1]", "must be a JSON object"),
     (b"", "not valid JSON"),
+    (b'{"a": ' + b"9" * 5000 + b"}", "an integer with too many digits"),  # valid JSON, past Python's 4,300
 ])
 def test_parse_json_object(raw, expected):
     if isinstance(expected, dict):

@@ -137,6 +137,24 @@ async def test_oversized_body_is_413(web, make_owner, db):
     assert await counts(db) == {"jobs": 0, "intents": 0, "reserves": 0}
 
 
+async def test_a_route_that_takes_no_body_still_refuses_one_over_the_cap(web, make_owner, db):
+    server = await web()
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        job = (await c.post("/v1/jobs", json=JOB)).json()
+        r = await c.post(f"/v1/jobs/{job['id']}/cancel", content=b"x" * (1024 * 1024 + 1))
+        assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+
+        async def chunks():  # no Content-Length: refused while streaming
+            for _ in range(20):
+                yield b"x" * 65536 * 2
+        r = await c.post(f"/v1/jobs/{job['id']}/cancel", content=chunks())
+        assert r.status_code == 413
+        assert (await c.get(f"/v1/jobs/{job['id']}")).json()["status"] == "queued"
+        r = await c.post(f"/v1/jobs/{job['id']}/cancel", content=b"x" * (1024 * 1024))  # at the cap: taken
+        assert r.status_code == 200 and r.json()["status"] == "cancelled"
+
+
 async def test_authentication(web, make_owner, db):
     server = await web()
     owner = await make_owner()
@@ -180,6 +198,16 @@ async def test_read_tokens(web, make_owner, db, make_settings):
         for token in (expired, forged, other_token, "", "garbage"):
             r = await anon.get(f"/v1/jobs/{job['id']}", params={"token": token})
             assert r.status_code == 404, token
+        # A token read's errors answer CORS too, so a page's script can read them; a keyed one's do not.
+        token = job["status_url"].split("token=")[1]
+        for path in (f"/v1/jobs/{job['id']}?token={token}&wait=31", f"/v1/jobs/{job['id']}?token=garbage",
+                     f"/v1/jobs/{job['id']}/outputs/0?token={token}", f"/v1/jobs/{job['id']}/events?token=garbage"):
+            r = await anon.get(path, headers={"Origin": "https://app.example"})
+            assert r.status_code in (400, 404) and r.headers["access-control-allow-origin"] == "*", path
+    async with server.client(owner.api_key) as c:
+        r = await c.get(f"/v1/jobs/{job['id']}?wait=31")
+        assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    async with server.client() as anon:
         # a token reads, never cancels
         r = await anon.post(f"/v1/jobs/{job['id']}/cancel?token={job['status_url'].split('token=')[1]}")
         assert r.status_code == 401

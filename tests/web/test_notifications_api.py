@@ -312,6 +312,14 @@ async def test_redeliver_refuses_pending_and_others_and_unknown(app_with, make_o
             r = await a.post(f"/v1/notifications/{unknown}/redeliver")
             assert r.status_code == 404 and error_code(r) == "not_found", unknown
         assert await count(db, "outbox") == intents  # nothing queued by any of them
+        # A route that takes no body still caps it (CONTRACT: every request body), before anything else.
+        big = b"x" * (1024 * 1024 + 1)
+        r = await a.post(f"/v1/notifications/{n['id']}/redeliver", content=big)
+        assert r.status_code == 413 and error_code(r) == "payload_too_large"
+        r = await a.request("DELETE", f"/v1/webhook-endpoints/{endpoint['id']}", content=big)
+        assert r.status_code == 413 and error_code(r) == "payload_too_large"
+        assert (await a.get("/v1/webhook-endpoints")).json()["webhook_endpoints"][0]["id"] == endpoint["id"]
+        assert await count(db, "outbox") == intents
 
         # its endpoint deleted, the pending delivery ends failed, and nothing is left to redeliver
         assert (await a.delete(f"/v1/webhook-endpoints/{endpoint['id']}")).status_code == 204
