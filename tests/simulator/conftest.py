@@ -19,7 +19,8 @@ HOLD_S = 1.0
 
 @pytest.fixture(scope="session")
 def sim_server() -> Iterator[ServedApp]:
-    served = ServedApp(create_app(webhook_retry_delays=RETRY_DELAYS, hold_s=HOLD_S)).start()
+    # With its lifespan: the simulator's shutdown closes its webhook client.
+    served = ServedApp(create_app(webhook_retry_delays=RETRY_DELAYS, hold_s=HOLD_S), lifespan="on").start()
     yield served
     served.stop()
 

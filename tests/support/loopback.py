@@ -15,13 +15,13 @@ from app.embedded_server import EmbeddedServer
 
 
 class LoopbackServer:
-    def __init__(self, app: Any):
+    def __init__(self, app: Any, *, lifespan: str = "off"):
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan=lifespan,
                                 timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
