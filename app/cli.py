@@ -280,6 +280,9 @@ def _cmd_serve(args) -> int:
     # A database out of reach at start is the one line every command gives
     # (CONTRACT), not the traceback uvicorn logs when the app's start fails.
     asyncio.run(_check_reachable(settings))
+    problem = server.listen_problem(args.host, port)
+    if problem:
+        raise CommandError(problem)
     configure_logging(settings.log_level)
     options = dict(host=args.host, port=port, log_config=uvicorn_log_config(), access_log=False,
                    proxy_headers=True, lifespan="on", limit_concurrency=limit_concurrency)
@@ -382,6 +385,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TimeoutError, OSError) as e:
         # Raised by any command that reaches for the database and cannot.
         print(f"longcall: cannot reach the database ({type(e).__name__})", file=sys.stderr)
+        return 1
+    except asyncpg.ClientConfigurationError as e:
+        # A DATABASE_URL parameter asyncpg refuses (sslmode=...); never echoed: it may hold a password.
+        print(f"longcall: cannot connect to the database: DATABASE_URL has a parameter asyncpg refuses "
+              f"({type(e).__name__})", file=sys.stderr)
+        return 1
+    except asyncpg.UndefinedTableError:
+        print("longcall: the database has no longcall tables yet: run longcall migrate", file=sys.stderr)
         return 1
     except asyncpg.PostgresError as e:
         print(f"longcall: database error: {type(e).__name__}", file=sys.stderr)

@@ -9,9 +9,9 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import SplitResult, quote, urlencode, urlsplit
 
-from app.models_file import ModelsFile, ModelsFileError, load_models_file
+from app.models_file import MAX_IN_FLIGHT, MAX_SECONDS, ModelsFile, ModelsFileError, load_models_file
 from app.origins import is_loopback_host, origin_of
 from app.signing.tokens import make_capability_token
 from app.storage import StorageUrlError, parse_storage_url
@@ -66,7 +66,10 @@ def port_argument(value: str) -> int:
     return port
 
 
-def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+def _seconds(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    """A duration setting: a finite number of seconds from `minimum` to a
+    month (the models file's own bound). NaN, infinity or 1e300 would pass
+    a start and then fail every statement that adds it to a timestamp."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -74,8 +77,8 @@ def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a number, not {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum:g}")
+    if not minimum <= value <= MAX_SECONDS:  # NaN fails this too
+        raise ConfigError(f"{name} must be a number of seconds from {minimum:g} to {MAX_SECONDS:.0f} (a month)")
     return value
 
 
@@ -210,19 +213,41 @@ class Settings:
         return f"{self.public_url}/webhooks/{provider}/{job_id}?{urlencode({CALLBACK_TOKEN: token})}"
 
 
+def _is_postgres_url(url: str) -> bool:
+    """A postgres(ql):// URL whose host part parses and whose port, if any,
+    is a number from 1 to 65535 (asyncpg raises a bare ValueError on either
+    only when it connects). Never echoed: it may hold a password."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return False
+    return parts.scheme in ("postgres", "postgresql") and port != 0
+
+
+def _origin_parts(url: str) -> SplitResult | None:
+    """The parts of an http(s) origin (a trailing `/` allowed) with a host
+    and, if any, a port from 1 to 65535; None for anything more or less."""
+    try:
+        parts = urlsplit(url)
+        origin_of(url)  # ValueError: not http(s), or a port that is not one
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port == 0 \
+            or parts.path not in ("", "/") or parts.query or parts.fragment or "#" in url \
+            or parts.username is not None or any(c.isspace() for c in url):
+        return None
+    return parts
+
+
 def _origins(env: Mapping[str, str], name: str) -> frozenset[str]:
     origins = set()
     for raw in (env.get(name) or "").split(","):
         if not raw.strip():
             continue
-        parts = urlsplit(raw.strip())
-        try:
-            origin = origin_of(raw.strip())
-        except ValueError:
-            origin = None
-        if origin is None or parts.path not in ("", "/") or parts.query or parts.username:
+        if _origin_parts(raw.strip()) is None:
             raise ConfigError(f"{name} must be comma-separated origins like http://127.0.0.1:9000")
-        origins.add(origin)
+        origins.add(origin_of(raw.strip()))
     return frozenset(origins)
 
 
@@ -255,7 +280,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
     database_url = env.get("DATABASE_URL") or None
     if database_url is None and require_database and not dev:
         raise ConfigError("DATABASE_URL is required (only longcall dev starts an embedded PostgreSQL)")
-    if database_url is not None and not database_url.startswith(("postgres://", "postgresql://")):
+    if database_url is not None and not _is_postgres_url(database_url):
         raise ConfigError("DATABASE_URL must be a postgresql:// URL")
 
     raw_secret = env.get("SECRET_KEY") or ""
@@ -270,8 +295,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
 
     public_url = (env.get("PUBLIC_URL") or "").rstrip("/") or None
     if public_url is not None:
-        parts = urlsplit(public_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query:
+        # Callback URLs are this origin plus a path: nothing else may ride
+        # along (user info, a fragment, a space) and its port must be real.
+        parts = _origin_parts(public_url)
+        if parts is None:
             raise ConfigError("PUBLIC_URL must be an origin like https://longcall.example.com")
         if parts.scheme == "http" and not is_loopback_host(parts.hostname):
             raise ConfigError("PUBLIC_URL must be https (plain http only for a loopback address)")
@@ -291,13 +318,13 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
     for p in PROVIDERS:
         name = f"GIVE_UP_AFTER_S_{p.upper()}"
         if env.get(name):
-            by_provider[p] = _float(env, name, 7200.0, minimum=1.0)
+            by_provider[p] = _seconds(env, name, 7200.0, minimum=1.0)
 
     max_in_flight: dict[str, int] = {}
     for p in PROVIDERS:
         name = f"MAX_IN_FLIGHT_{p.upper()}"
         if env.get(name):
-            max_in_flight[p] = _int(env, name, 0, minimum=1)
+            max_in_flight[p] = _int(env, name, 0, minimum=1, maximum=MAX_IN_FLIGHT)
 
     return Settings(
         database_url=database_url,
@@ -317,16 +344,16 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
         fal_jwks_url=_url(env, "FAL_JWKS_URL", FAL_JWKS_URL),
         kie_api_key=env.get("KIE_API_KEY") or None,
         kie_base_url=_url(env, "KIE_BASE_URL", KIE_URL),
-        read_recheck_after_s=_float(env, "READ_RECHECK_AFTER_S", 15.0),
-        sweep_interval_s=_float(env, "SWEEP_INTERVAL_S", 300.0),
-        give_up_after_s=_float(env, "GIVE_UP_AFTER_S", 7200.0, minimum=1.0),
+        read_recheck_after_s=_seconds(env, "READ_RECHECK_AFTER_S", 15.0),
+        sweep_interval_s=_seconds(env, "SWEEP_INTERVAL_S", 300.0),
+        give_up_after_s=_seconds(env, "GIVE_UP_AFTER_S", 7200.0, minimum=1.0),
         give_up_after_s_by_provider=by_provider,
         max_in_flight_by_provider=max_in_flight,
         log_level=level,
-        provider_timeout_s=_float(env, "PROVIDER_TIMEOUT_S", 30.0, minimum=0.1),
-        settler_lease_s=_float(env, "SETTLER_LEASE_S", 60.0, minimum=1.0),
-        stale_after_s=_float(env, "STALE_AFTER_S", 0.0, minimum=1.0) if env.get("STALE_AFTER_S") else None,
-        download_stall_timeout_s=_float(env, "DOWNLOAD_STALL_TIMEOUT_S", 15.0, minimum=0.1),
+        provider_timeout_s=_seconds(env, "PROVIDER_TIMEOUT_S", 30.0, minimum=0.1),
+        settler_lease_s=_seconds(env, "SETTLER_LEASE_S", 60.0, minimum=1.0),
+        stale_after_s=_seconds(env, "STALE_AFTER_S", 0.0, minimum=1.0) if env.get("STALE_AFTER_S") else None,
+        download_stall_timeout_s=_seconds(env, "DOWNLOAD_STALL_TIMEOUT_S", 15.0, minimum=0.1),
         downloads_per_host=_int(env, "DOWNLOADS_PER_HOST", 4, minimum=1),
         ai_gateway_api_key=env.get("AI_GATEWAY_API_KEY") or None,
         ai_gateway_base_url=_url(env, "AI_GATEWAY_BASE_URL", AI_GATEWAY_URL),

@@ -257,8 +257,12 @@ def run_dev() -> int:
 def _run(settings) -> int:
     from app.logs import configure_logging
     from app.migrate import migrate
+    from app.web import server as web_server
 
     configure_logging("WARNING")
+    problem = web_server.listen_problem("127.0.0.1", settings.port)
+    if problem:
+        raise SystemExit(f"longcall: the web server {problem}")
     applied = asyncio.run(migrate(settings.database_url))
     if applied:
         _say(f"applied {len(applied)} migration(s)")

@@ -31,6 +31,7 @@ ENTRY_KEYS = ("provider", "model", "stale_after_s", "poll_every_s", "give_up_aft
               "max_in_flight", "price")
 PRICE_KEYS = ("credits", "per")
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: anything longer is a typo
+MAX_IN_FLIGHT = 2**31 - 1  # the capacity statements count in PostgreSQL's integer
 
 
 class ModelsFileError(ValueError):
@@ -218,8 +219,8 @@ def _count(table: Mapping[str, Any], key: str, where: str) -> int | None:
     if key not in table:
         return None
     value = table[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ModelsFileError(f"{where}: {key} must be a whole number of at least 1")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_IN_FLIGHT:
+        raise ModelsFileError(f"{where}: {key} must be a whole number from 1 to {MAX_IN_FLIGHT}")
     return value
 
 

@@ -134,8 +134,69 @@ def test_download_limits_default_and_validate():
         settings(DOWNLOADS_PER_HOST="0")
     with pytest.raises(ConfigError, match="DOWNLOADS_PER_HOST must be a whole number"):
         settings(DOWNLOADS_PER_HOST="many")
-    with pytest.raises(ConfigError, match="DOWNLOAD_STALL_TIMEOUT_S must be at least 0.1"):
+    with pytest.raises(ConfigError, match="DOWNLOAD_STALL_TIMEOUT_S must be a number of seconds from 0.1 to"):
         settings(DOWNLOAD_STALL_TIMEOUT_S="0")
+
+
+# ----------------------------------------------------------------- durations, caps, origins
+
+DURATIONS = ("READ_RECHECK_AFTER_S", "SWEEP_INTERVAL_S", "GIVE_UP_AFTER_S", "GIVE_UP_AFTER_S_SIM",
+             "PROVIDER_TIMEOUT_S", "SETTLER_LEASE_S", "STALE_AFTER_S", "DOWNLOAD_STALL_TIMEOUT_S")
+
+
+@pytest.mark.parametrize("name", DURATIONS)
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e300", "1e13", "2592001"])
+def test_a_duration_is_finite_and_at_most_a_month(name, value):
+    """Each passed a start before, then failed every statement that added it
+    to a timestamp (a 500 on every create, a settler that never claimed)."""
+    with pytest.raises(ConfigError, match=f"{name} must be a number of seconds from .* to 2592000"):
+        settings(**{name: value})
+
+
+@pytest.mark.parametrize("name", DURATIONS)
+def test_a_month_is_still_a_duration(name):
+    assert settings(**{name: "2592000"})
+
+
+def test_the_sweep_may_still_be_turned_off():
+    assert settings(SWEEP_INTERVAL_S="0").sweep_interval_s == 0
+
+
+def test_a_capacity_fits_the_statements_that_count_it():
+    assert settings(MAX_IN_FLIGHT_SIM=str(2**31 - 1)).max_in_flight_by_provider == {"sim": 2**31 - 1}
+    for value in (str(2**31), "99999999999999999999999"):
+        with pytest.raises(ConfigError, match="MAX_IN_FLIGHT_SIM must be at most 2147483647"):
+            settings(MAX_IN_FLIGHT_SIM=value)
+
+
+@pytest.mark.parametrize("url", [
+    "https://[bad", "https://user:pw@example.com", "https://:pw@example.com", "https://example.com:abc",
+    "https://example.com:99999", "https://example.com:0", "https://exa mple.com", "https://example.com#frag",
+    "https://example.com/#", "https://example.com/path", "https://example.com?q=1",
+])
+def test_public_url_is_an_origin_and_nothing_more(url):
+    with pytest.raises(ConfigError, match="PUBLIC_URL must be an origin") as caught:
+        settings(PUBLIC_URL=url)
+    assert "pw" not in str(caught.value)
+
+
+def test_public_url_may_have_a_port_and_a_trailing_slash():
+    assert settings(PUBLIC_URL="https://example.com:8443/").public_url == "https://example.com:8443"
+
+
+@pytest.mark.parametrize("value", ["http://[bad", "http://127.0.0.1:9000#x", "http://127.0.0.1:0",
+                                   "http://u@127.0.0.1:9000"])
+def test_notify_allowed_origins_are_origins(value):
+    with pytest.raises(ConfigError, match="NOTIFY_ALLOWED_ORIGINS must be comma-separated origins"):
+        settings(NOTIFY_ALLOWED_ORIGINS=value)
+
+
+@pytest.mark.parametrize("url", ["postgresql://[bad", "postgresql://u:pw@127.0.0.1:notaport/x",
+                                 "postgresql://u:pw@127.0.0.1:0/x", "postgresql://u:pw@127.0.0.1:70000/x"])
+def test_a_database_url_that_cannot_parse_is_refused_at_start(url):
+    with pytest.raises(ConfigError, match="DATABASE_URL must be a postgresql:// URL") as caught:
+        load_settings({**BASE, "DATABASE_URL": url})
+    assert "pw" not in str(caught.value)
 
 
 # ----------------------------------------------------------------- STORAGE_URL, checked once

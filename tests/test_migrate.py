@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -68,3 +70,13 @@ async def test_a_failing_migration_applies_nothing_of_itself(empty_db, tmp_path)
         await migrate(empty_db, tmp_path)
     tables, versions = await _tables(empty_db)
     assert "a" in tables and "b" not in tables and versions == [1]
+
+
+def test_a_command_on_a_database_never_migrated_says_to_migrate(empty_db):
+    repo = Path(__file__).resolve().parents[1]
+    for args in (("status",), ("sweep", "--once"), ("owners", "create", "x")):
+        p = subprocess.run([sys.executable, "-m", "app", *args], cwd=repo, capture_output=True, text=True,
+                           env={"PATH": os.environ["PATH"], "PYTHONPATH": str(repo), "DATABASE_URL": empty_db},
+                           timeout=60)
+        assert p.returncode == 1 and "run longcall migrate" in p.stderr, (args, p.stderr)
+        assert p.stderr.strip().count("\n") == 0

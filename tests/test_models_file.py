@@ -94,6 +94,9 @@ ENTRY = '[[models]]\nprovider = "{provider}"\nmodel = "{model}"\n'
     (ENTRY.format(provider="kie", model="*") + "poll_every_s = [5, -1]\n", "poll_every_s must be a non-empty"),
     (ENTRY.format(provider="kie", model="*") + "max_in_flight = 0\n", "max_in_flight must be a whole number"),
     (ENTRY.format(provider="kie", model="*") + "max_in_flight = 2.5\n", "max_in_flight must be a whole number"),
+    # The capacity statements count in PostgreSQL's integer: one more would fail every submit.
+    (ENTRY.format(provider="kie", model="*") + "max_in_flight = 2147483648\n",
+     "max_in_flight must be a whole number from 1 to 2147483647"),
     (ENTRY.format(provider="kie", model="*") + 'price = { credits = 1, per = "minute" }\n',
      "price.per must be one of job, output, second, 1k_tokens, 1k_characters, provider, not 'minute'"),
     (ENTRY.format(provider="kie", model="*") + 'price = { credits = -1, per = "job" }\n', "price.credits must be"),

@@ -18,6 +18,12 @@ import asyncpg
 from app import ids
 from app.vocabulary import LedgerKind
 
+# What one owner may be given, by the operator's CLI and by a platform's
+# API alike (app/web/owners.py checks its bodies against these too).
+MAX_OWNER_NAME = 200
+MAX_OWNER_ACTIVE = 100_000  # slots one owner may hold; the contract's default is 10
+MAX_GRANT = 10**12  # credits one grant (or a new owner's first) may carry
+
 CREATE_OWNER = """
 insert into owners (id, name, granted, balance, max_active, is_platform) values ($1, $2, $3, $3, $4, $5)
 """
@@ -145,12 +151,12 @@ class Owner:
 
 async def create_owner(conn: asyncpg.Connection, name: str, credits: int = 0,
                        max_active: int = 10, *, platform: bool = False) -> NewOwner:
-    if not name or len(name) > 200:
-        raise ValueError("NAME must be 1 to 200 characters")
-    if credits < 0:
-        raise ValueError("--credits must be 0 or more")
-    if max_active < 0:
-        raise ValueError("--max-active must be 0 or more")
+    if not name.strip() or len(name) > MAX_OWNER_NAME:
+        raise ValueError(f"NAME must be 1 to {MAX_OWNER_NAME} characters, not blank")
+    if not 0 <= credits <= MAX_GRANT:
+        raise ValueError(f"--credits must be a whole number from 0 to {MAX_GRANT}")
+    if not 0 <= max_active <= MAX_OWNER_ACTIVE:
+        raise ValueError(f"--max-active must be a whole number from 0 to {MAX_OWNER_ACTIVE}")
     owner_id = ids.new_owner_id()
     async with conn.transaction():
         await conn.execute(CREATE_OWNER, owner_id, name, credits, max_active, platform)
@@ -181,16 +187,21 @@ MIN_PREFIX_LEN = 7  # "lc_" and four more characters
 async def revoke_key(conn: asyncpg.Connection, prefix: str) -> str:
     """Revoke the active key named by its first characters (at least 7;
     the whole key works too); returns its owner. A prefix shared by several
-    active keys revokes nothing."""
-    prefix = prefix[: ids.KEY_PREFIX_LEN]
+    active keys revokes nothing. Past the stored prefix only a whole key can
+    be checked (by its hash), so anything longer must be the whole key: a
+    mistyped key revokes nothing."""
     if len(prefix) < MIN_PREFIX_LEN:
         raise NotFound(f"give at least the key's first {MIN_PREFIX_LEN} characters")
+    whole = lookup_hash(prefix) if len(prefix) > ids.KEY_PREFIX_LEN else None
+    if len(prefix) > ids.KEY_PREFIX_LEN and whole is None:
+        raise NotFound("no active key is that key")
     async with conn.transaction():
         matches = await conn.fetch(
-            "select prefix from api_keys where starts_with(prefix, $1) and revoked_at is null for update",
-            prefix)
+            "select prefix from api_keys where starts_with(prefix, $1) and revoked_at is null"
+            " and ($2::bytea is null or key_hash = $2) for update",
+            prefix[: ids.KEY_PREFIX_LEN], whole)
         if not matches:
-            raise NotFound(f"no active key starts with {prefix}")
+            raise NotFound("no active key is that key" if whole is not None else f"no active key starts with {prefix}")
         if len(matches) > 1:
             raise NotFound(f"{len(matches)} active keys start with {prefix}; give more characters")
         return await conn.fetchval(REVOKE_KEY, matches[0]["prefix"])
@@ -198,8 +209,8 @@ async def revoke_key(conn: asyncpg.Connection, prefix: str) -> str:
 
 async def grant(conn: asyncpg.Connection, owner_id: str, amount: int) -> None:
     """The operator's grant (`longcall owners grant`): credits in, never out."""
-    if amount < 1:
-        raise ValueError("N must be a whole number of credits, at least 1")
+    if not 1 <= amount <= MAX_GRANT:
+        raise ValueError(f"N must be a whole number of credits from 1 to {MAX_GRANT}")
     async with conn.transaction():
         if await conn.fetchval(GRANT, owner_id, amount) is None:
             raise NotFound(f"no owner {owner_id}")

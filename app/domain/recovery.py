@@ -6,14 +6,22 @@ from __future__ import annotations
 from app.domain import jobs
 from app.vocabulary import JobError, JobStatus
 
+MAX_PROVIDER_TASK_ID = 500  # app/web/body.py holds the same, for the API's documents
+
 
 class InvalidState(Exception):
     pass
 
 
+def is_task_id(task_id: str) -> bool:
+    """An operator's provider task id: 1 to 500 characters, not blank (the
+    settle step would ask the provider for a task named by nothing)."""
+    return 0 < len(task_id) <= MAX_PROVIDER_TASK_ID and not task_id.isspace()
+
+
 async def resolve_with_task(conn, job_id: str, task_id: str, first_check_after_s: float = 0.0) -> None:
-    if not task_id or len(task_id) > 500:
-        raise ValueError("provider_task_id must be a non-empty string")
+    if not is_task_id(task_id):
+        raise ValueError(f"a provider task id is 1 to {MAX_PROVIDER_TASK_ID} characters, not blank")
     async with conn.transaction():
         # Checked under the row lock first: save_task also records a task id
         # on a job closed meanwhile (and asks the provider to cancel it),

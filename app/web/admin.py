@@ -11,7 +11,7 @@ from app.domain import jobs, recovery
 from app.jobjson import render_job
 from app.vocabulary import ApiErrorCode, JobStatus
 from app.web.auth import read_token_for
-from app.web.body import MAX_PROVIDER_TASK_ID, read_json_object
+from app.web.body import read_json_object
 from app.web.errors import ApiError, not_found
 
 
@@ -31,7 +31,7 @@ async def resolve_job(request: Request) -> Response:
         raise not_found()
     body = await read_json_object(request)
     if set(body) == {"provider_task_id"} and isinstance(body["provider_task_id"], str) \
-            and 0 < len(body["provider_task_id"]) <= MAX_PROVIDER_TASK_ID:
+            and recovery.is_task_id(body["provider_task_id"]):
         action = "task"
     elif body == {"outcome": JobStatus.FAILED}:
         action = "fail"

@@ -12,18 +12,17 @@ from starlette.responses import JSONResponse, Response
 
 from app import ids
 from app.domain import owners
+from app.domain.owners import MAX_GRANT, MAX_OWNER_ACTIVE, MAX_OWNER_NAME
 from app.jobjson import iso
 from app.vocabulary import ApiErrorCode
 from app.web.auth import require_platform
-from app.web.body import MAX_CREDITS, idempotency_key, invalid, query_value, read_json_object
+from app.web.body import idempotency_key, invalid, query_value, read_json_object
 from app.web.errors import ApiError, not_found
 from app.web.jobs import decode_cursor, encode_cursor, page_limit, refuse_unknown_parameters
 
 OWNER_FIELDS = ("name", "credits", "max_active")
 GRANT_FIELDS = ("credits", "reason")
-MAX_OWNER_NAME = 200
 MAX_GRANT_REASON = 500
-MAX_OWNER_ACTIVE = 100_000  # slots one owner may hold; the contract's default is 10
 DEFAULT_MAX_ACTIVE = 10
 
 
@@ -51,8 +50,8 @@ def validate_new_owner(body: dict) -> tuple[str, int, int]:
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_OWNER_NAME:
         raise invalid(f"name must be a non-empty string of at most {MAX_OWNER_NAME} characters")
     credits = body.get("credits", 0)
-    if not _whole(credits) or not 0 <= credits <= MAX_CREDITS:
-        raise invalid(f"credits must be a whole number from 0 to {MAX_CREDITS}")
+    if not _whole(credits) or not 0 <= credits <= MAX_GRANT:
+        raise invalid(f"credits must be a whole number from 0 to {MAX_GRANT}")
     max_active = body.get("max_active", DEFAULT_MAX_ACTIVE)
     if not _whole(max_active) or not 0 <= max_active <= MAX_OWNER_ACTIVE:
         raise invalid(f"max_active must be a whole number from 0 to {MAX_OWNER_ACTIVE}")
@@ -66,8 +65,8 @@ def validate_grant(body: dict) -> tuple[int, str | None]:
     if "credits" not in body:
         raise invalid("missing field(s): credits")
     credits = body["credits"]
-    if not _whole(credits) or credits == 0 or abs(credits) > MAX_CREDITS:
-        raise invalid(f"credits must be a whole number from -{MAX_CREDITS} to {MAX_CREDITS}, not 0 "
+    if not _whole(credits) or credits == 0 or abs(credits) > MAX_GRANT:
+        raise invalid(f"credits must be a whole number from -{MAX_GRANT} to {MAX_GRANT}, not 0 "
                       "(negative takes credits back)")
     reason = body.get("reason")
     if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_GRANT_REASON):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import socket
 from collections.abc import Mapping
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -72,6 +73,24 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_deadline()
         super().connection_lost(exc)
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port (a name that resolves to
+    nothing, a port in use), in one line; None when it can. Checked before
+    uvicorn starts, which reports these as several log lines and exit 3."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError):
+        return f"cannot listen on {host}:{port}: no such address"
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                probe.bind(address)
+            except OSError as e:
+                return f"cannot listen on {host}:{port}: {e.strerror or type(e).__name__}"
+    return None
 
 
 def protocol_with_header_timeout(seconds: float) -> type[HeaderDeadlineProtocol]:

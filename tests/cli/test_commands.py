@@ -97,13 +97,16 @@ def test_the_port_setting_is_checked_at_start(run):
     ({"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x"}, "cannot"),
     ({"DATABASE_URL": ""}, "DATABASE_URL is required"),
     ({"DATABASE_URL": "mysql://x"}, "postgresql://"),
+    ({"DATABASE_URL": "postgresql://[bad"}, "postgresql://"),
+    ({"DATABASE_URL": "postgresql://u:pw@127.0.0.1:notaport/x"}, "postgresql://"),
+    ({"DATABASE_URL": "postgresql://nobody:pw@127.0.0.1:1/x?sslmode=bogus"}, "cannot connect to the database"),
 ])
 def test_unreachable_or_missing_database(run, env, needle):
     for args in (("migrate",), ("owners", "create", "x"), ("status",), ("sweep", "--once"),
                  ("serve", "--port", "1"), ("settler",)):
         p = run(*args, env={**env, "SECRET_KEY": "x" * 20}, ok=False)
         assert p.returncode != 0 and needle in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
-        assert p.stderr.strip().count("\n") == 0
+        assert p.stderr.strip().count("\n") == 0 and "pw" not in p.stderr
 
 
 @pytest.mark.parametrize("env,needle", [
@@ -113,12 +116,61 @@ def test_unreachable_or_missing_database(run, env, needle):
     ({"SECRET_KEY": "x" * 20, "PUBLIC_URL": "http://example.com"}, "PUBLIC_URL must be https"),
     ({"SECRET_KEY": "x" * 20, "SWEEP_INTERVAL_S": "soon"}, "SWEEP_INTERVAL_S must be a number"),
     ({"SECRET_KEY": "x" * 20, "LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
+    ({"SECRET_KEY": "x" * 20, "PUBLIC_URL": "https://[bad"}, "PUBLIC_URL must be an origin"),
+    ({"SECRET_KEY": "x" * 20, "NOTIFY_ALLOWED_ORIGINS": "http://[bad"}, "NOTIFY_ALLOWED_ORIGINS"),
+    ({"SECRET_KEY": "x" * 20, "GIVE_UP_AFTER_S": "nan"}, "GIVE_UP_AFTER_S must be a number of seconds"),
+    ({"SECRET_KEY": "x" * 20, "SETTLER_LEASE_S": "inf"}, "SETTLER_LEASE_S must be a number of seconds"),
 ])
 def test_configuration_is_checked_at_start(run, env, needle):
     for args in (("serve", "--port", "1"), ("settler",)):
         p = run(*args, env=env, ok=False)
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert p.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (("owners", "create", "x", "--credits", str(10**12 + 1)), "--credits must be a whole number from 0 to"),
+    (("owners", "create", "x", "--max-active", "99999999999999"), "--max-active must be a whole number from 0"),
+    (("owners", "create", "   "), "NAME must be 1 to 200 characters, not blank"),
+    (("jobs", "resolve", "job_000000000000000000000000", "--task-id", "   "), "a provider task id is 1 to 500"),
+    (("jobs", "resolve", "job_000000000000000000000000", "--task-id", "x" * 501), "a provider task id is 1 to 500"),
+])
+def test_values_out_of_range_say_what_range(run, db, args, message):
+    p = run(*args, ok=False)
+    assert p.returncode == 1 and message in p.stderr and p.stderr.strip().count("\n") == 0, p.stderr
+
+
+async def test_a_grant_past_the_limit_moves_nothing(run, db):
+    owner = json.loads(run("owners", "create", "acme", "--credits", str(10**12), "--json").stdout)["owner_id"]
+    p = run("owners", "grant", owner, "99999999999999999999999", ok=False)
+    assert p.returncode == 1 and "N must be a whole number of credits from 1 to" in p.stderr, p.stderr
+    assert await db.fetchval("select granted from owners where id = $1", owner) == 10**12
+
+
+async def test_a_mistyped_whole_key_revokes_nothing(run, db):
+    key = json.loads(run("owners", "create", "acme", "--json").stdout)["api_key"]
+    wrong = key[:12] + ("A" if key[12] != "A" else "B") + key[13:]
+    for given in (wrong, key + "x"):
+        p = run("keys", "revoke", given, ok=False)
+        assert p.returncode == 1 and "no active key is that key" in p.stderr, p.stderr
+        assert key not in p.stderr and wrong not in p.stderr
+    assert await db.fetchval("select count(*) from api_keys where revoked_at is null") == 1
+    run("keys", "revoke", key)  # the whole key, right: revoked
+    assert await db.fetchval("select count(*) from api_keys where revoked_at is null") == 0
+
+
+def test_a_port_in_use_is_one_line(run):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = run("serve", "--host", "127.0.0.1", "--port", str(port), env={"SECRET_KEY": "x" * 20}, ok=False)
+    assert p.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in p.stderr, p.stderr
+    assert p.stderr.strip().count("\n") == 0
+    p = run("serve", "--host", "no such host.invalid", "--port", "8000", env={"SECRET_KEY": "x" * 20}, ok=False)
+    assert p.returncode == 1 and "no such address" in p.stderr and p.stderr.strip().count("\n") == 0, p.stderr
 
 
 def test_status_is_one_screen(run, db):
