@@ -78,7 +78,7 @@ def render(s: dict) -> str:
     resolve = " — resolve with: longcall jobs resolve JOB_ID (--task-id ID | --failed)"
     lines.append(f"uncertain jobs: {jobs.get(JobStatus.UNCERTAIN, 0)}" + (resolve if s["uncertain_jobs"] else ""))
     for u in s["uncertain_jobs"]:
-        lines.append(f"  {u['id']} {u['provider']} since {u['created_at']:%Y-%m-%d %H:%M:%S} {u['last_error'] or ''}")
+        lines.append(f"  {u['id']} {u['provider']} created {u['created_at']:%Y-%m-%d %H:%M:%S} {u['last_error'] or ''}")
     return "\n".join(lines)
 
 

@@ -455,6 +455,9 @@ def parse_storage_url(storage_url: str) -> FileLocation | S3Location:
     """Where STORAGE_URL says outputs live: file:///abs/path or s3://bucket[/prefix].
     The one check of STORAGE_URL: the configuration and open_storage both use it."""
     parts = urlsplit(storage_url or "")
+    if parts.scheme in ("file", "s3") and ("?" in storage_url or "#" in storage_url):
+        # Dropped silently, they would put outputs somewhere the operator did not write.
+        raise StorageUrlError("STORAGE_URL takes no query or fragment (in a path, '?' is %3F and '#' is %23)")
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
             raise StorageUrlError("STORAGE_URL file:// needs an absolute path, like file:///var/lib/longcall")

@@ -205,6 +205,7 @@ def test_a_database_url_that_cannot_parse_is_refused_at_start(url):
     ("file:///var/lib/longcall", FileLocation("/var/lib/longcall")),
     ("file://localhost/var/lib/longcall", FileLocation("/var/lib/longcall")),
     ("file:///var/lib/long%20call", FileLocation("/var/lib/long call")),
+    ("file:///var/lib/a%23b%3Fc", FileLocation("/var/lib/a#b?c")),
     ("s3://my-bucket", S3Location("my-bucket", "")),
     ("s3://my-bucket/some/prefix/", S3Location("my-bucket", "some/prefix")),
 ])
@@ -220,6 +221,10 @@ def test_parse_storage_url(url, location):
     ("s3://UPPER/x", "STORAGE_URL s3:// bucket names are 3-63 lowercase letters, digits, '.' or '-'"),
     ("s3://user@bucket/x", "STORAGE_URL s3:// bucket names are 3-63 lowercase letters, digits, '.' or '-'"),
     ("http://x/y", "STORAGE_URL must be file:// or s3://"),
+    ("file:///tmp/x?y=1", "STORAGE_URL takes no query or fragment (in a path, '?' is %3F and '#' is %23)"),
+    ("file:///tmp/x#frag", "STORAGE_URL takes no query or fragment (in a path, '?' is %3F and '#' is %23)"),
+    ("file:///tmp/x?", "STORAGE_URL takes no query or fragment (in a path, '?' is %3F and '#' is %23)"),
+    ("s3://my-bucket/p?versionId=1", "STORAGE_URL takes no query or fragment (in a path, '?' is %3F and '#' is %23)"),
     ("/abs", "STORAGE_URL must be file:// or s3://"),
 ])
 def test_config_and_storage_refuse_a_storage_url_alike(url, message):
