@@ -38,6 +38,18 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
+# True when every migration up to $1 is applied (a database ahead of this
+# code is fine too: a rolling deploy migrates first). A database never
+# migrated has no schema_migrations: UndefinedTableError, also not current.
+IS_CURRENT = "select coalesce(max(version), 0) >= $1 from schema_migrations"
+
+
+def latest_version(directory: Path = MIGRATIONS_DIR) -> int:
+    """The version the code expects the database at (0 for none)."""
+    found = discover(directory)
+    return found[-1].version if found else 0
+
+
 async def migrate(dsn: str, directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     """Apply what is pending; return what this call applied."""
     migrations = discover(directory)

@@ -77,6 +77,18 @@ def tmp_objects(tmp_path):
 
 
 @pytest.fixture
+async def empty_db(database_url):
+    """A fresh database on the test server, never migrated, dropped afterwards."""
+    admin = await asyncpg.connect(database_url)
+    name = "migrate_test"
+    await admin.execute(f"drop database if exists {name}")
+    await admin.execute(f"create database {name}")
+    yield database_url.rsplit("/", 1)[0] + f"/{name}"
+    await admin.execute(f"drop database if exists {name} with (force)")
+    await admin.close()
+
+
+@pytest.fixture
 def make_settings(migrated, tmp_objects):
     def make(**overrides):
         env = {

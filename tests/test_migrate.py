@@ -5,7 +5,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -13,18 +12,6 @@ import pytest
 from app.migrate import discover, migrate
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-async def empty_db(database_url):
-    """A fresh database on the test server, dropped afterwards."""
-    admin = await asyncpg.connect(database_url)
-    name = "migrate_test"
-    await admin.execute(f"drop database if exists {name}")
-    await admin.execute(f"create database {name}")
-    yield database_url.rsplit("/", 1)[0] + f"/{name}"
-    await admin.execute(f"drop database if exists {name} with (force)")
-    await admin.close()
 
 
 async def _tables(dsn):
@@ -73,10 +60,9 @@ async def test_a_failing_migration_applies_nothing_of_itself(empty_db, tmp_path)
 
 
 def test_a_command_on_a_database_never_migrated_says_to_migrate(empty_db):
-    repo = Path(__file__).resolve().parents[1]
     for args in (("status",), ("sweep", "--once"), ("owners", "create", "x")):
-        p = subprocess.run([sys.executable, "-m", "app", *args], cwd=repo, capture_output=True, text=True,
-                           env={"PATH": os.environ["PATH"], "PYTHONPATH": str(repo), "DATABASE_URL": empty_db},
+        p = subprocess.run([sys.executable, "-m", "app", *args], cwd=REPO, capture_output=True, text=True,
+                           env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "DATABASE_URL": empty_db},
                            timeout=60)
         assert p.returncode == 1 and "run longcall migrate" in p.stderr, (args, p.stderr)
         assert p.stderr.strip().count("\n") == 0

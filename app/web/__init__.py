@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from app import db
+from app import db, migrate
 from app.capacity import capped_providers
 from app.config import Settings
 from app.domain import owners as owners_domain
@@ -74,12 +74,23 @@ DATABASE_DOWN = (OSError, asyncio.TimeoutError, asyncpg.InterfaceError, asyncpg.
                  asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError)
 
 
+NOT_MIGRATED = (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError)
+
+
 async def _database_away(request: Request, exc: Exception) -> JSONResponse:
     # Registered per class (not under Exception) so Starlette answers without
     # re-raising: an expected outage is one warning line, not a traceback.
     log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
     return error_response(ApiErrorCode.UNAVAILABLE, "the database is unavailable; try again shortly",
                           {"Retry-After": "1"})
+
+
+async def _not_migrated(request: Request, exc: Exception) -> JSONResponse:
+    # Our own tables or columns missing: the database is behind this code.
+    # Not a bug nor the client's fault: unavailable until `longcall migrate`.
+    log.warning("database not migrated on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return error_response(ApiErrorCode.UNAVAILABLE, "the database is not migrated yet; try again shortly",
+                          {"Retry-After": "5"})
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -129,6 +140,7 @@ def create_app(settings: Settings, *, pool_size: int = 20, endpoint_resolver=sys
         state = app.state
         database_url = settings.dsn
         state.settings = settings
+        state.schema_version = migrate.latest_version()  # what /readyz expects the database at
         state.metrics = Metrics()
         state.caps = capped_providers(settings)  # for the gauges of /metrics
         state.secretbox = SecretBox(settings.secret_keys)
@@ -148,7 +160,8 @@ def create_app(settings: Settings, *, pool_size: int = 20, endpoint_resolver=sys
             await state.pool.close()
 
     handlers: dict[Any, Callable] = {ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected,
-                                     **{kind: _database_away for kind in DATABASE_DOWN}}
+                                     **{kind: _database_away for kind in DATABASE_DOWN},
+                                     **{kind: _not_migrated for kind in NOT_MIGRATED}}
     app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers=handlers)
     # No redirect from `/v1/jobs/` to `/v1/jobs`: Starlette builds that Location
     # from the request's Host header, which the client chooses. A 404 instead.
