@@ -194,6 +194,14 @@ def give_up(status: JobStatus, deadline_at: dt.datetime, now: dt.datetime) -> Cl
     return Close(JobStatus.EXPIRED, JobError.GIVE_UP, GIVE_UP_MESSAGES[status], cancel_at_provider=True)
 
 
+UNCERTAIN_UNTIL_DEADLINE = "uncertain: an operator resolves it, or it expires at its give-up deadline"
+
+
+def until_deadline(job: JobRecord, now: dt.datetime) -> Wait:
+    """An uncertain job's durable give-up timer: look again at its deadline."""
+    return Wait(max(0.0, job.seconds_to_deadline(now)), UNCERTAIN_UNTIL_DEADLINE)
+
+
 # --- settle -------------------------------------------------------------------------
 
 OUTPUTS_REMOVED = "the provider removed the outputs before they were copied"
@@ -215,10 +223,14 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
     expired = give_up(job.status, job.deadline_at, now)
     if job.status == JobStatus.UNCERTAIN:
         # No task to ask about: the deadline closes it, an operator resolves
-        # it, or a task its own verified webhook named is confirmed.
+        # it, or a task its own verified webhook named is confirmed. Until
+        # then the intent waits for the deadline: the job's give-up timer,
+        # which must outlive any settle a webhook or a read asks for.
         if expired:
             return expired
-        return ConfirmClaim(job.claimed_task_id) if job.claimed_task_id else DONE
+        if job.claimed_task_id:
+            return ConfirmClaim(job.claimed_task_id)
+        return until_deadline(job, now)
     if expired:
         return expired
     if seen is None:

@@ -113,7 +113,8 @@ async def _confirm_claim(ctx: Context, job: JobRecord, provider, task_id: str, a
         async with ctx.pool.acquire() as conn:
             await jobs.drop_claim(conn, job.id, decision.task_id)
         log.warning("claimed task not confirmed", extra={"job_id": job.id, "provider": provider.name})
-        return DONE
+        # Still uncertain: its give-up timer goes on.
+        return decide.later(decide.until_deadline(job, dt.datetime.now(dt.UTC)))
     saved = await save_submitted(ctx, job.id, decision.submitted, callback_registered=True,
                                  first_check_after_s=0.0, from_statuses=(JobStatus.UNCERTAIN,))
     log.info("uncertain job recovered by its webhook",

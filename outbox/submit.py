@@ -18,8 +18,8 @@ from app.capacity import NO_CAPS
 from app.domain import jobs, pauses
 from app.domain.record import JobRecord
 from app.providers.base import ProviderError, Rejected, SubmitRequest, Submitted, Transient, Uncertain
-from app.vocabulary import CallOutcome, JobStatus, ProviderCall, ProviderKind
-from outbox import decide, sync
+from app.vocabulary import CallOutcome, IntentKind, JobStatus, ProviderCall, ProviderKind
+from outbox import decide, intents, sync
 from outbox.context import Context
 from outbox.outcome import DONE, GONE, Done, Outcome
 
@@ -125,8 +125,12 @@ async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.Su
     if isinstance(decision, decide.Save):
         return await _save(ctx, job, provider, decision)
     if isinstance(decision, decide.MarkUncertain):
-        async with ctx.pool.acquire() as conn:
-            await jobs.mark_uncertain(conn, job.id, decision.reason)
+        async with ctx.pool.acquire() as conn, conn.transaction():
+            if await jobs.mark_uncertain(conn, job.id, decision.reason):
+                # Its give-up timer, written with it: the settle step expires
+                # it at its deadline (the sweep is only the backstop).
+                timer = decide.until_deadline(job, _now())
+                await intents.request(conn, job.id, IntentKind.SETTLE, timer.delay_s)
         log.warning("job uncertain", extra={"job_id": job.id, "provider": provider.name})
         return DONE
     raise TypeError(f"a submit step cannot carry out {decision!r}")

@@ -90,6 +90,8 @@ EXPIRE_RUNNING = Close(S.EXPIRED, JobError.GIVE_UP, "the provider did not finish
 EXPIRE_UNCERTAIN = Close(S.EXPIRED, JobError.GIVE_UP, "gave up on an uncertain submit", cancel_at_provider=True)
 EXPIRE_UNSUBMITTED = Close(S.EXPIRED, JobError.GIVE_UP, "the give-up deadline passed before the job was submitted",
                            cancel_at_provider=True)
+# An uncertain job's intent waits for its deadline (100 s ahead): its give-up timer.
+UNTIL_DEADLINE = Wait(100.0, "uncertain: an operator resolves it, or it expires at its give-up deadline")
 ASK = AskProvider()
 STILL_RUNNING = Wait(3.0, "still running")
 STORE_TWO = StoreOutputs(("https://out.example/0", "https://out.example/1"), charge=3, cost=3)
@@ -161,23 +163,23 @@ SETTLE_TABLE = [
     (S.RUNNING,    "uncertain",   "ahead",  STATUS_UNCERTAIN),
     (S.RUNNING,    "uncertain",   "passed", EXPIRE_RUNNING),
     # uncertain: no task to ask about; only the deadline closes it here
-    (S.UNCERTAIN,  "not asked",   "ahead",  DONE),
+    (S.UNCERTAIN,  "not asked",   "ahead",  UNTIL_DEADLINE),
     (S.UNCERTAIN,  "not asked",   "passed", EXPIRE_UNCERTAIN),
-    (S.UNCERTAIN,  "running",     "ahead",  DONE),
+    (S.UNCERTAIN,  "running",     "ahead",  UNTIL_DEADLINE),
     (S.UNCERTAIN,  "running",     "passed", EXPIRE_UNCERTAIN),
-    (S.UNCERTAIN,  "succeeded 2", "ahead",  DONE),
+    (S.UNCERTAIN,  "succeeded 2", "ahead",  UNTIL_DEADLINE),
     (S.UNCERTAIN,  "succeeded 2", "passed", EXPIRE_UNCERTAIN),
-    (S.UNCERTAIN,  "succeeded 0", "ahead",  DONE),
+    (S.UNCERTAIN,  "succeeded 0", "ahead",  UNTIL_DEADLINE),
     (S.UNCERTAIN,  "succeeded 0", "passed", EXPIRE_UNCERTAIN),
-    (S.UNCERTAIN,  "failed",      "ahead",  DONE),
+    (S.UNCERTAIN,  "failed",      "ahead",  UNTIL_DEADLINE),
     (S.UNCERTAIN,  "failed",      "passed", EXPIRE_UNCERTAIN),
-    (S.UNCERTAIN,  "cancelled",   "ahead",  DONE),
+    (S.UNCERTAIN,  "cancelled",   "ahead",  UNTIL_DEADLINE),
     (S.UNCERTAIN,  "cancelled",   "passed", EXPIRE_UNCERTAIN),
-    (S.UNCERTAIN,  "rejected",    "ahead",  DONE),
+    (S.UNCERTAIN,  "rejected",    "ahead",  UNTIL_DEADLINE),
     (S.UNCERTAIN,  "rejected",    "passed", EXPIRE_UNCERTAIN),
-    (S.UNCERTAIN,  "transient",   "ahead",  DONE),
+    (S.UNCERTAIN,  "transient",   "ahead",  UNTIL_DEADLINE),
     (S.UNCERTAIN,  "transient",   "passed", EXPIRE_UNCERTAIN),
-    (S.UNCERTAIN,  "uncertain",   "ahead",  DONE),
+    (S.UNCERTAIN,  "uncertain",   "ahead",  UNTIL_DEADLINE),
     (S.UNCERTAIN,  "uncertain",   "passed", EXPIRE_UNCERTAIN),
     # terminal: nothing left to do, whatever anyone says
     (S.SUCCEEDED,  "not asked",   "ahead",  DONE),
@@ -298,7 +300,7 @@ CLAIM_TABLE = [
     # status,     claimed,  deadline, expected
     (S.UNCERTAIN,  "task-9", "ahead",  ConfirmClaim("task-9")),
     (S.UNCERTAIN,  "task-9", "passed", EXPIRE_UNCERTAIN),
-    (S.UNCERTAIN,  None,     "ahead",  DONE),
+    (S.UNCERTAIN,  None,     "ahead",  UNTIL_DEADLINE),
     (S.UNCERTAIN,  None,     "passed", EXPIRE_UNCERTAIN),
     (S.SUBMITTING, "task-9", "ahead",  NOT_SUBMITTED),
     (S.RUNNING,    "task-9", "ahead",  AskProvider()),

@@ -50,7 +50,7 @@ async def test_uncertain_jobs_resolved_both_ways(web, make_settings, make_owner,
     # Every create is made and then its answer lost; the five Replicate jobs
     # are twins (TWIN_REPLICATE_JOB) and KIE has no look-up: all uncertain.
     set_faults(sim.url, submit_timeout_after_create=1)
-    env = provider_env(sim.url, GIVE_UP_AFTER_S_KIE=2)
+    env = provider_env(sim.url, GIVE_UP_AFTER_S_KIE=8)
     server = await web(**env)
     await settlers(make_settings(**env), provider_timeout_s=1.0)
     owner = await make_owner(credits=1000)
@@ -67,13 +67,20 @@ async def test_uncertain_jobs_resolved_both_ways(web, make_settings, make_owner,
         assert account["credits"]["reserved"] == 60 and account["active"] == 6
     await assert_money_balances(db)
     assert stats(sim.url)["tasks_created"] == 6  # each made once, never again blindly
-    # Nothing is left to send: each step's intent is dropped by the settler
-    # just after its job was marked uncertain (a moment a loaded machine can
-    # stretch), and none comes back.
-    async def no_open_intents() -> bool:
-        return await db.fetchval("select count(*) from outbox where kind in ('submit', 'settle')") == 0
+    # Nothing is left to send: each submit's intent is dropped by the
+    # settler just after its job was marked uncertain (a moment a loaded
+    # machine can stretch). What stays is each job's give-up timer: a settle
+    # due at its deadline.
+    async def only_their_timers() -> bool:
+        rows = await db.fetch("select o.kind, o.claimed_until is null as idle,"
+                              " abs(extract(epoch from j.deadline_at - o.not_before)) < 5 as at_deadline"
+                              " from outbox o join jobs j on j.id = o.job_id")
+        return len(rows) == 6 and all(r["kind"] == "settle" and r["idle"] and r["at_deadline"] for r in rows)
 
-    await wait_until(no_open_intents, timeout=10)
+    await wait_until(only_their_timers, timeout=10)
+    # The KIE job's timer is lost, as a row deleted by hand would be: the
+    # sweep (below) is what expires it then.
+    await db.execute("delete from outbox where job_id = $1", kie)
     clear_faults(sim.url)
     page = httpx.get(f"{sim.url}/replicate/v1/predictions", headers=REPLICATE_AUTH, trust_env=False).json()
     predictions = [p["id"] for p in page["results"]]
@@ -128,8 +135,8 @@ async def test_uncertain_jobs_resolved_both_ways(web, make_settings, make_owner,
         await wait_for_status(db, job_id, "succeeded" if winner == "running" else "failed", timeout=10)
         await assert_money_balances(db)
 
-    # The KIE job was left alone: past its give-up deadline (2 s for KIE
-    # only), the sweep expires it with a refund.
+    # The KIE job was left alone, its timer lost: past its give-up deadline
+    # (8 s for KIE only), the sweep expires it with a refund.
     deadline = await db.fetchval("select deadline_at from jobs where id = $1", kie)
     await asyncio.sleep(max(0.0, deadline.timestamp() - time.time()) + 0.05)
     done = longcall(migrated, "sweep", "--once")
@@ -157,7 +164,9 @@ async def test_resolve_refusals_change_nothing(web, make_settings, make_owner, s
         for job_id in (uncertain, cancelled):
             await wait_for_status(db, job_id, "uncertain", timeout=15)
         assert (await c.post(f"/v1/jobs/{cancelled}/cancel")).status_code == 200
-    await wait_until(lambda: _outbox_empty(db))  # the provider cancel (no task id: nothing to do) drained
+    # The provider cancel (no task id: nothing to do) drained; the uncertain
+    # job's give-up timer is all that is left.
+    await wait_until(lambda: _only_the_timer_of(db, uncertain))
     before = await snapshot(db)
     resolve = f"/v1/admin/jobs/{uncertain}/resolve"
     task = {"provider_task_id": "abc"}
@@ -177,6 +186,7 @@ async def test_resolve_refusals_change_nothing(web, make_settings, make_owner, s
             ("/v1/admin/jobs/not-a-job/resolve", task, 404, "not_found"),
             (resolve, {}, 400, "invalid_request"),
             (resolve, {"provider_task_id": ""}, 400, "invalid_request"),
+            (resolve, {"provider_task_id": "   "}, 400, "invalid_request"),
             (resolve, {"provider_task_id": 7}, 400, "invalid_request"),
             (resolve, {"outcome": "succeeded"}, 400, "invalid_request"),
             (resolve, {"provider_task_id": "abc", "outcome": "failed"}, 400, "invalid_request"),
@@ -201,8 +211,9 @@ async def test_resolve_refusals_change_nothing(web, make_settings, make_owner, s
     assert await snapshot(db) == before
 
 
-async def _outbox_empty(pool) -> bool:
-    return await pool.fetchval("select count(*) from outbox") == 0
+async def _only_the_timer_of(pool, job_id: str) -> bool:
+    rows = await pool.fetch("select job_id, kind, claimed_until from outbox")
+    return [(r["job_id"], r["kind"], r["claimed_until"]) for r in rows] == [(job_id, "settle", None)]
 
 
 async def test_lost_submit_answers_are_recovered_without_a_second_task(web, make_settings, make_owner, sim,

@@ -80,16 +80,31 @@ async def _created_at_sim(sim_url: str, n: int) -> bool:
     return stats(sim_url)["tasks_created"] >= n
 
 
+async def _waits_for_its_deadline(db, job_id: str) -> bool:
+    """The uncertain job's one intent is its give-up timer: a settle, not
+    claimed, due at its deadline (within a few seconds: the settler's clock
+    sets it, the database's the deadline)."""
+    rows = await db.fetch("select o.kind, o.claimed_until, abs(extract(epoch from j.deadline_at - o.not_before)) as off"
+                          " from outbox o join jobs j on j.id = o.job_id where o.job_id = $1", job_id)
+    return (len(rows) == 1 and rows[0]["kind"] == "settle" and rows[0]["claimed_until"] is None
+            and rows[0]["off"] < 5)
+
+
 async def _claim_settled(db, job_id: str) -> bool:
     """The receiver's claim has been taken up by the settle step (adopted or
-    dropped) and its intent is gone."""
-    row = await db.fetchrow("select claimed_task_id, (select count(*) from outbox o where o.job_id = j.id) as n"
-                            " from jobs j where id = $1", job_id)
-    return row["claimed_task_id"] is None and row["n"] == 0
+    dropped), and the job is back to waiting for its deadline."""
+    claimed = await db.fetchval("select claimed_task_id from jobs where id = $1", job_id)
+    return claimed is None and await _waits_for_its_deadline(db, job_id)
 
 
-async def _no_intents(db) -> bool:
-    return await db.fetchval("select count(*) from outbox") == 0
+def _but_the_outbox(snap: dict) -> dict:
+    """A snapshot without the outbox: the settle a delivery asks for moves
+    the job's timer row (its generation, attempts, due time) and puts it back."""
+    return {table: rows for table, rows in snap.items() if table != "outbox"}
+
+
+async def _no_intents_but(db, job_id: str) -> bool:
+    return await db.fetchval("select count(*) from outbox where job_id <> $1", job_id) == 0
 
 
 async def _assert_closed_once(db, job_id: str, sim_url: str, callback_base: str) -> dict:
@@ -137,7 +152,7 @@ async def test_replicate_uncertain_job_recovered_by_a_signed_delivery(
     uncertain = await wait_for_status(db, job_id, "uncertain", timeout=30)
     assert uncertain["provider_task_id"] is None and uncertain["credits_reserved"] == 10
     clear_faults(sim.url)
-    await wait_until(lambda: _no_intents(db))
+    await wait_until(lambda: _waits_for_its_deadline(db, job_id))
     callback_base = f"{server.url}/webhooks/replicate/{job_id}"
     page = httpx.get(f"{sim.url}/replicate/v1/predictions", headers=REPLICATE_AUTH, trust_env=False).json()
     [prediction] = page["results"]  # the one this job's submit made
@@ -166,7 +181,8 @@ async def test_replicate_uncertain_job_recovered_by_a_signed_delivery(
         stranger = body.replace(prediction["id"].encode(), b"qzqzqzqzqzqzqzqzqzqzqzqzqz")
         assert (await anon.post(ours, content=stranger, headers=signed(stranger))).status_code == 204
         await wait_until(lambda: _claim_settled(db, job_id))
-        assert await snapshot(db) == before  # still uncertain, the hold and the slot kept
+        # still uncertain, the hold and the slot kept, its give-up timer too
+        assert _but_the_outbox(await snapshot(db)) == _but_the_outbox(before)
 
         # The prediction's own delivery.
         assert (await anon.post(ours, content=body, headers=signed(body))).status_code == 204
@@ -191,7 +207,8 @@ async def test_kie_a_task_kie_denies_or_made_for_another_job_changes_nothing(
     clear_faults(sim.url)
     recovered = await wait_for_status(db, first, "succeeded", timeout=30)
     await wait_for_status(db, second, "uncertain", timeout=30)
-    await wait_until(lambda: _no_intents(db))
+    await wait_until(lambda: _waits_for_its_deadline(db, second))
+    await wait_until(lambda: _no_intents_but(db, second))
 
     before = await snapshot(db)
     ours = hook_path(settings, "kie", second)
@@ -201,7 +218,7 @@ async def test_kie_a_task_kie_denies_or_made_for_another_job_changes_nothing(
                 task_id.encode())
             assert (await anon.post(ours, content=body, headers=JSON)).status_code == 204
             await wait_until(lambda: _claim_settled(db, second))
-            assert await snapshot(db) == before
+            assert _but_the_outbox(await snapshot(db)) == _but_the_outbox(before)
     row = await db.fetchrow("select * from jobs where id = $1", second)
     assert row["status"] == "uncertain" and row["provider_task_id"] is None
     assert (row["credits_charged"], row["credits_refunded"]) == (0, 0)
@@ -258,3 +275,24 @@ WEBHOOK_TASK_IDS = [
 def test_the_task_a_delivery_names(provider, headers, body, expected):
     hook = WebhookRequest(job_id="job_" + "0" * 24, headers=headers, query={}, raw_body=body)
     assert ADAPTERS[provider].webhook_task_id(hook) == expected
+
+
+async def test_an_uncertain_job_expires_at_its_deadline_by_its_own_timer(web, make_settings, make_owner, sim,
+                                                                         settlers, db):
+    """No sweep runs here (the settlers of these tests have none): the give-up
+    deadline is the uncertain job's own durable timer, written when it turned
+    uncertain. Expired with a full refund, its slot freed, on time."""
+    set_faults(sim.url, submit_timeout_after_create=1, drop_webhook=1)
+    env = provider_env(sim.url, GIVE_UP_AFTER_S_KIE=4)
+    server = await web(**env)
+    await settlers(make_settings(**provider_env(sim.url, PUBLIC_URL=server.url, GIVE_UP_AFTER_S_KIE=4)),
+                   provider_timeout_s=1.0)
+    owner = await make_owner(credits=100)
+    job_id = await _create(server, owner, "kie", duration_s=0.2)
+    await wait_for_status(db, job_id, "uncertain", timeout=15)
+    await wait_until(lambda: _waits_for_its_deadline(db, job_id))
+    row = await wait_for_status(db, job_id, "expired", timeout=30)
+    assert row["error_code"] == "give_up" and row["finished_at"] >= row["deadline_at"]
+    assert (row["credits_charged"], row["credits_refunded"]) == (0, 10)
+    assert await db.fetchval("select active from owners where id = $1", owner.owner_id) == 0
+    await assert_money_balances(db)
