@@ -32,14 +32,15 @@ def duration_s(path: str) -> float | None:
 
 def summed_duration_s(outputs: Iterable[tuple[str, str | None]]) -> float | None:
     """The summed duration of the audio/video outputs among (path, content
-    type) pairs; None when there is none, or one cannot be read (a job
-    whose measure cannot be read is charged its reservation)."""
-    total, seen = 0.0, False
+    type) pairs: 0 when there is none (CONTRACT: the sum over the stored
+    audio/video outputs); None when one cannot be read (a job whose measure
+    cannot be read is charged its reservation)."""
+    total = 0.0
     for path, content_type in outputs:
         if not is_media(content_type):
             continue
         length = duration_s(path)
         if length is None:
             return None
-        total, seen = total + length, True
-    return total if seen else None
+        total += length
+    return total

@@ -11,12 +11,12 @@ reads to answer "why was I charged this?".
   duration of the stored audio/video outputs, rounded to 0.1 s first;
   `1k_tokens` (input + output tokens, cache tokens included) / 1000;
   `1k_characters` characters / 1000; `provider` the provider's own cost
-  in credits.
+  in credits, else the reservation (CONTRACT: The models file).
 - The charge is `ceil(credits × measure)`, exact (Decimal), once per job,
   then capped at the reservation.
-- A measure that cannot be read (no audio/video output, or one no media
-  library can read; no usage reported; no cost reported) is charged the
-  reservation, and the record says so.
+- A measure that cannot be read (an audio/video output no media library
+  can read; no usage reported) is charged the reservation, and the record
+  says so. No audio/video output at all is 0 seconds.
 - Without a price (no models file entry, or one without `price`): the
   provider-reported cost capped at the reservation, or the reservation
   (states.charge_for): what longcall has always done.
@@ -40,7 +40,8 @@ TOKEN_UNITS = (UsageUnit.INPUT_TOKENS, UsageUnit.OUTPUT_TOKENS)
 @dataclass(frozen=True)
 class Measures:
     """What a succeeded job produced and used. `seconds` is None when it was
-    not read (no audio/video output, or one that could not be read)."""
+    not read (a per-second price only reads it; an audio/video output that
+    could not be read)."""
 
     outputs: int
     seconds: float | None = None
@@ -54,7 +55,7 @@ class Charge:
     applied: dict[str, Any]  # how: kept with the job, shown in its timeline
 
 
-def measure(per: str, measures: Measures) -> Decimal | None:
+def measure(per: str, measures: Measures, reserved: int) -> Decimal | None:
     """The amount of `per` units the job used; None when it cannot be read."""
     if per == "job":
         return Decimal(1)
@@ -71,7 +72,7 @@ def measure(per: str, measures: Measures) -> Decimal | None:
         characters = _summed(measures.usage, (UsageUnit.CHARACTERS,))
         return None if characters is None else characters / 1000
     if per == "provider":
-        return None if measures.provider_cost is None else Decimal(measures.provider_cost)
+        return Decimal(reserved if measures.provider_cost is None else measures.provider_cost)
     raise ValueError(f"unknown price unit {per!r}")
 
 
@@ -88,7 +89,7 @@ def charge(price: Price | None, reserved: int, measures: Measures) -> Charge:
         credits = states.charge_for(reserved, measures.provider_cost)
         reported = "the provider's cost" if measures.provider_cost is not None else "the reservation"
         return Charge(credits, {"price": None, "charged": credits, "reserved": reserved, "by": reported})
-    amount = measure(price.per, measures)
+    amount = measure(price.per, measures, reserved)
     applied: dict[str, Any] = {"price": {"credits": _number(price.credits), "per": price.per},
                                "reserved": reserved}
     if amount is None:

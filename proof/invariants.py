@@ -370,7 +370,7 @@ class Charged:
 
     @property
     def measure(self) -> Decimal | None:
-        return None if self.price is None else pricing.measure(self.price.per, self.measures)
+        return None if self.price is None else pricing.measure(self.price.per, self.measures, self.reserved)
 
 
 SUCCEEDED_CHARGES = """
@@ -386,10 +386,10 @@ group by j.id
 async def stored_seconds(storage: Storage, assets: Sequence[Mapping[str, Any]]) -> float | None:
     """The summed duration of the audio/video among a job's stored outputs,
     read back from storage (as a client downloads them) into files that
-    app.media measures; None when there is none or one cannot be read."""
+    app.media measures: 0 when there is none, None when one cannot be read."""
     wanted = [a for a in assets if media.is_media(a["type"])]
     if not wanted:
-        return None
+        return 0.0
     with tempfile.TemporaryDirectory(prefix="longcall-measure-") as directory:
         pairs = []
         for i, a in enumerate(wanted):

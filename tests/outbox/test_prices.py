@@ -26,6 +26,11 @@ provider = "sim"
 model = "per-output"
 price = { credits = 2.5, per = "output" }
 give_up_after_s = 900
+
+[[models]]
+provider = "sim"
+model = "per-second"
+price = { credits = 3, per = "second" }
 """
 
 
@@ -78,6 +83,18 @@ async def test_audio_no_library_can_read_is_charged_the_reservation_and_says_so(
     assert applied["measure"] is None and "could not be read" in applied["note"]
 
 
+async def test_a_per_second_price_with_no_audio_or_video_output_is_0_seconds(
+        web, make_owner, db, sim, make_settings, start_settler, models_file):
+    """CONTRACT: `second` is the summed duration of the stored audio/video
+    outputs; of none, that is 0 (it was charged the reservation)."""
+    job = {"provider": "sim", "model": "per-second", "input": {"duration_s": 0, "outputs": 2}, "max_credits": 30}
+    row, got = await _run(web, make_owner, db, sim, make_settings, start_settler, models_file, job)
+    assert [o["content_type"] for o in got["outputs"]] == ["image/png", "image/png"]
+    assert got["credits"] == {"reserved": 30, "charged": 0, "refunded": 30}
+    assert as_json(row["price_applied"]) == {"price": {"credits": 3, "per": "second"}, "reserved": 30,
+                                             "measure": 0, "charged": 0}
+
+
 async def test_tokens_from_a_sync_llm_call_are_priced(web, make_owner, db, sim, make_settings, start_settler,
                                                       models_file):
     job = {**claude_job(input_tokens=1200, output_tokens=345), "max_credits": 10}
@@ -114,6 +131,8 @@ async def test_the_models_route_shows_owners_the_entries(web, make_owner, models
          "give_up_after_s": 7200.0, "kind": "sync"},
         {"provider": "sim", "model": "per-output", "price": {"credits": 2.5, "per": "output"},
          "give_up_after_s": 900.0, "kind": "async"},
+        {"provider": "sim", "model": "per-second", "price": {"credits": 3, "per": "second"},
+         "give_up_after_s": 7200.0, "kind": "async"},
     ]}
 
 
