@@ -214,15 +214,17 @@ class Settings:
 
 
 def _is_postgres_url(url: str) -> bool:
-    """A postgres(ql):// URL whose host part parses and whose port, if any,
-    is a number from 1 to 65535 (asyncpg raises a bare ValueError on either
-    only when it connects). Never echoed: it may hold a password."""
+    """A postgres(ql):// URL whose hosts parse and whose ports, if any, are
+    numbers from 1 to 65535 (asyncpg raises a bare ValueError on either only
+    when it connects). Several hosts (`h1:5432,h2:5433`, as libpq and asyncpg
+    take them) are each checked. Never echoed: it may hold a password."""
     try:
         parts = urlsplit(url)
-        port = parts.port
+        hosts = parts.netloc.rpartition("@")[2].split(",")
+        ports = [urlsplit("//" + host).port for host in hosts]
     except ValueError:
         return False
-    return parts.scheme in ("postgres", "postgresql") and port != 0
+    return parts.scheme in ("postgres", "postgresql") and 0 not in ports
 
 
 def _origin_parts(url: str) -> SplitResult | None:

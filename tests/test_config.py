@@ -191,8 +191,15 @@ def test_notify_allowed_origins_are_origins(value):
         settings(NOTIFY_ALLOWED_ORIGINS=value)
 
 
+@pytest.mark.parametrize("url", ["postgresql://u:p%40x@h1:5432,h2:5433/db", "postgresql://h1,h2/db",
+                                 "postgresql:///db?host=/var/run/postgresql", "postgres://[::1]:5432/db"])
+def test_database_urls_libpq_takes_are_still_taken(url):
+    assert load_settings({**BASE, "DATABASE_URL": url}).database_url == url
+
+
 @pytest.mark.parametrize("url", ["postgresql://[bad", "postgresql://u:pw@127.0.0.1:notaport/x",
-                                 "postgresql://u:pw@127.0.0.1:0/x", "postgresql://u:pw@127.0.0.1:70000/x"])
+                                 "postgresql://u:pw@127.0.0.1:0/x", "postgresql://u:pw@127.0.0.1:70000/x",
+                                 "postgresql://u:pw@h1:5432,h2:nope/x"])
 def test_a_database_url_that_cannot_parse_is_refused_at_start(url):
     with pytest.raises(ConfigError, match="DATABASE_URL must be a postgresql:// URL") as caught:
         load_settings({**BASE, "DATABASE_URL": url})
