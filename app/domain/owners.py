@@ -192,9 +192,11 @@ async def revoke_key(conn: asyncpg.Connection, prefix: str) -> str:
     mistyped key revokes nothing."""
     if len(prefix) < MIN_PREFIX_LEN:
         raise NotFound(f"give at least the key's first {MIN_PREFIX_LEN} characters")
-    whole = lookup_hash(prefix) if len(prefix) > ids.KEY_PREFIX_LEN else None
-    if len(prefix) > ids.KEY_PREFIX_LEN and whole is None:
-        raise NotFound("no active key is that key")
+    whole = None
+    if len(prefix) > ids.KEY_PREFIX_LEN:
+        whole = lookup_hash(prefix)
+        if whole is None:
+            raise NotFound("no active key is that key")
     async with conn.transaction():
         matches = await conn.fetch(
             "select prefix from api_keys where starts_with(prefix, $1) and revoked_at is null"

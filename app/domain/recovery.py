@@ -6,7 +6,10 @@ from __future__ import annotations
 from app.domain import jobs
 from app.vocabulary import JobError, JobStatus
 
-MAX_PROVIDER_TASK_ID = 500  # app/web/body.py holds the same, for the API's documents
+# An operator's `provider_task_id`. app/web/body.py holds the same for the
+# console's pure form checks and the API's documents (a pure module cannot
+# import this one); tests/web/test_edge_rules.py holds them equal.
+MAX_PROVIDER_TASK_ID = 500
 
 
 class InvalidState(Exception):

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse
 from app.config import PROVIDERS
 from app.delivery import MAX_URL_CHARS
 from app.domain.notifications import MAX_ENDPOINTS_PER_OWNER
+from app.domain.owners import MAX_GRANT, MAX_OWNER_ACTIVE, MAX_OWNER_NAME
 from app.ids import ENDPOINT_ID, JOB_ID, NOTIFICATION_ID, OWNER_ID
 from app.models_file import PRICE_UNITS
 from app.vocabulary import (
@@ -38,7 +39,7 @@ from app.web.body import (
     MAX_WAIT_S,
 )
 from app.web.outputs import OCTET_STREAM
-from app.web.owners import DEFAULT_MAX_ACTIVE, MAX_GRANT_REASON, MAX_OWNER_ACTIVE, MAX_OWNER_NAME
+from app.web.owners import DEFAULT_MAX_ACTIVE, MAX_GRANT_REASON
 
 _JOB = {"$ref": "#/components/schemas/Job"}
 _STRING = {"type": "string"}
@@ -250,7 +251,7 @@ OWNER_PATHS = {
                 "type": "object", "additionalProperties": False, "required": ["name"],
                 "properties": {"name": {"type": "string", "minLength": 1, "maxLength": MAX_OWNER_NAME,
                                         "pattern": r"\S"},
-                               "credits": {"type": "integer", "minimum": 0, "maximum": MAX_CREDITS,
+                               "credits": {"type": "integer", "minimum": 0, "maximum": MAX_GRANT,
                                            "default": 0},
                                "max_active": {"type": "integer", "minimum": 0, "maximum": MAX_OWNER_ACTIVE,
                                               "default": DEFAULT_MAX_ACTIVE}}}}}},
@@ -284,7 +285,7 @@ OWNER_PATHS = {
         "parameters": [_OWNER_ID, _GRANT_KEY],
         "requestBody": {"required": True, "content": {"application/json": {"schema": {
             "type": "object", "additionalProperties": False, "required": ["credits"],
-            "properties": {"credits": {"type": "integer", "minimum": -MAX_CREDITS, "maximum": MAX_CREDITS,
+            "properties": {"credits": {"type": "integer", "minimum": -MAX_GRANT, "maximum": MAX_GRANT,
                                        "not": {"const": 0}},
                            "reason": {"type": ["string", "null"], "maxLength": MAX_GRANT_REASON}}}}}},
         "responses": {

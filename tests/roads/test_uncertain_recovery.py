@@ -281,18 +281,19 @@ async def test_an_uncertain_job_expires_at_its_deadline_by_its_own_timer(web, ma
                                                                          settlers, db):
     """No sweep runs here (the settlers of these tests have none): the give-up
     deadline is the uncertain job's own durable timer, written when it turned
-    uncertain. Expired with a full refund, its slot freed, on time."""
+    uncertain. Expired with a full refund, its slot freed, on time. Nothing
+    waits on the uncertain state itself (a loaded machine may pass through it
+    quickly): the close's message says the job was uncertain when it expired."""
     set_faults(sim.url, submit_timeout_after_create=1, drop_webhook=1)
-    env = provider_env(sim.url, GIVE_UP_AFTER_S_KIE=4)
+    env = provider_env(sim.url, GIVE_UP_AFTER_S_KIE=8)
     server = await web(**env)
-    await settlers(make_settings(**provider_env(sim.url, PUBLIC_URL=server.url, GIVE_UP_AFTER_S_KIE=4)),
+    await settlers(make_settings(**provider_env(sim.url, PUBLIC_URL=server.url, GIVE_UP_AFTER_S_KIE=8)),
                    provider_timeout_s=1.0)
     owner = await make_owner(credits=100)
     job_id = await _create(server, owner, "kie", duration_s=0.2)
-    await wait_for_status(db, job_id, "uncertain", timeout=15)
-    await wait_until(lambda: _waits_for_its_deadline(db, job_id))
-    row = await wait_for_status(db, job_id, "expired", timeout=30)
-    assert row["error_code"] == "give_up" and row["finished_at"] >= row["deadline_at"]
+    row = await wait_for_status(db, job_id, "expired", timeout=40)
+    assert row["error_code"] == "give_up" and row["error_message"] == "gave up on an uncertain submit"
+    assert row["finished_at"] >= row["deadline_at"]
     assert (row["credits_charged"], row["credits_refunded"]) == (0, 10)
     assert await db.fetchval("select active from owners where id = $1", owner.owner_id) == 0
     await assert_money_balances(db)

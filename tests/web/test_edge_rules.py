@@ -68,6 +68,15 @@ def test_json_problem_is_iterative_and_messages_are_ascii():
     assert message.isascii() and "must not contain NUL" in message
 
 
+def test_the_limits_kept_twice_agree():
+    """Pure modules (the console's forms) cannot import the domain's, so these are written twice."""
+    from app.domain import owners, recovery
+    from app.web import body
+
+    assert body.MAX_PROVIDER_TASK_ID == recovery.MAX_PROVIDER_TASK_ID
+    assert body.MAX_CREDITS == owners.MAX_GRANT  # the console's grant form is bounded by MAX_CREDITS
+
+
 @pytest.mark.parametrize("raw,expected", [
     (b'{"a": 1}', {"a": 1}),
     (b'{"a": "\\ud83d\\ude00"}', {"a": "\U0001F600"}),  # a pair is one character: fine

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.domain.owners import MAX_OWNER_ACTIVE
 from app.web.body import MAX_CREDITS
 from app.web.errors import ApiError
-from app.web.owners import MAX_GRANT_REASON, MAX_OWNER_ACTIVE, validate_grant, validate_new_owner
+from app.web.owners import MAX_GRANT_REASON, validate_grant, validate_new_owner
 
 
 @pytest.mark.parametrize(("body", "expected"), [
