@@ -41,7 +41,7 @@ from app.download import (
 )
 from app.download import check_url as check_download_url
 from app.download import origin as origin_of_url
-from app.http_transport import AsyncioTransport, outbound_client
+from app.http_transport import AiohttpTransport, outbound_client
 from app.signing.webhooks import sign_standard_webhooks
 
 SEND_TIMEOUT_S = 15.0  # no answer within this: a failed attempt
@@ -164,7 +164,7 @@ class Sender:
 
     def __post_init__(self) -> None:
         timeout = httpx.Timeout(SEND_TIMEOUT_S)
-        self._client = outbound_client(self.transport or AsyncioTransport(verify=self.verify), timeout)
+        self._client = outbound_client(self.transport or AiohttpTransport(verify=self.verify), timeout)
 
     async def send(self, url: str, body: bytes, headers: Mapping[str, str]) -> int:
         """POST once; the answer's status code. EndpointRefused when the URL

@@ -47,7 +47,7 @@ from app.download_errors import HostBusy as HostBusy
 from app.download_errors import OutputGone as OutputGone
 from app.download_errors import OutputTooLarge as OutputTooLarge
 from app.download_errors import Refused as Refused
-from app.http_transport import AsyncioTransport, outbound_client
+from app.http_transport import AiohttpTransport, outbound_client
 from app.origins import DEFAULT_PORTS, format_origin
 
 CHUNK_BYTES = 1024 * 1024  # writes are batched to this size; memory stays near it
@@ -134,7 +134,7 @@ class DownloadClients:
         return len(self._clients)
 
     def _new(self, verify: ssl.SSLContext, keep: int) -> httpx.AsyncClient:
-        return outbound_client(AsyncioTransport(verify=verify, limits=httpx.Limits(
+        return outbound_client(AiohttpTransport(verify=verify, limits=httpx.Limits(
             max_keepalive_connections=keep, keepalive_expiry=self.idle_s)))
 
     @contextlib.asynccontextmanager
@@ -366,7 +366,8 @@ def pinned_request(client: httpx.AsyncClient, url: httpx.URL, ip: str,
                    timeout: httpx.Timeout | None = None) -> httpx.Request:
     """A request (a GET unless told) that connects to `ip` while speaking to
     `url`'s host: the Host header names the host and TLS sends it as SNI and
-    verifies the certificate against it (httpcore's `sni_hostname` extension)."""
+    verifies the certificate against it (httpx's `sni_hostname` extension,
+    which app/http_transport.py hands aiohttp as `server_hostname`)."""
     return client.build_request(
         method,
         url.copy_with(host=ip),

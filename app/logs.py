@@ -5,7 +5,8 @@ capability tokens) never reach the log because uvicorn's access log is off and
 ours logs paths only. The HTTP client's own loggers are held at WARNING
 whatever LOG_LEVEL says: httpx logs every request's full URL at INFO, and an
 output URL's query is often its only key (a presigned S3 or Azure SAS
-signature); httpcore traces every request at DEBUG.
+signature); httpcore traces every request at DEBUG, and aiohttp (which
+sends them: app/http_transport.py) can name a URL in its own.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-QUIET_LOGGERS = ("httpx", "httpcore")  # they log URLs with their queries
+QUIET_LOGGERS = ("httpx", "httpcore", "aiohttp")  # they log URLs with their queries
 
 
 def configure_logging(level: str = "INFO") -> None:

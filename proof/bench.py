@@ -938,7 +938,7 @@ async def _settle_one(env: Env, client: httpx.AsyncClient, proc, size: int) -> f
 
 async def bench_http(env: Env, p: Params) -> list[Row]:
     """The provider HTTP client's CPU per request (lower is better): ours
-    (httpx over asyncio streams, app/http_transport.py) against httpx's
+    (httpx over aiohttp, app/http_transport.py) against httpx's
     default transport (anyio), each in a fresh process, alternating, GETting
     a simulator task's status as the settle step does."""
     await env.start("sim")

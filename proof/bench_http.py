@@ -2,9 +2,10 @@
 TRANSPORT URL REQUESTS CONCURRENCY` GETs URL with one httpx client, as the
 settler does, and prints one JSON line: requests/s and the client process's
 CPU per request. TRANSPORT is `ours` (app/http_transport.py's
-outbound_client, as the settler makes it) or `httpx` (httpx's default
-client and transport, through anyio). Run in a fresh process per
-measurement, so neither variant inherits the other's warm state."""
+outbound_client, as the settler makes it: httpx over aiohttp) or `httpx`
+(httpx's default client and transport: httpcore through anyio). Run in a
+fresh process per measurement, so neither variant inherits the other's
+warm state."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,7 @@ import time
 
 import httpx
 
-from app.http_transport import AsyncioTransport, outbound_client
+from app.http_transport import AiohttpTransport, outbound_client
 
 
 def _cpu_s() -> float:
@@ -24,7 +25,7 @@ def _cpu_s() -> float:
 
 
 async def measure(transport: str, url: str, requests: int, concurrency: int) -> dict:
-    client = outbound_client(AsyncioTransport(), httpx.Timeout(30)) if transport == "ours" \
+    client = outbound_client(AiohttpTransport(), httpx.Timeout(30)) if transport == "ours" \
         else httpx.AsyncClient(trust_env=False, timeout=30)
     async with client:
         async def worker(n: int) -> None:

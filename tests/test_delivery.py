@@ -13,10 +13,8 @@ import base64
 import contextlib
 import ipaddress
 import random
-import ssl
 import time
 
-import httpcore
 import httpx
 import pytest
 import standardwebhooks
@@ -39,7 +37,7 @@ from app.delivery import (
     signed_headers,
 )
 from app.download import system_resolver
-from app.http_transport import AsyncioTransport, _Backend
+from app.http_transport import AiohttpTransport
 from tests.support.loopback import LoopbackServer
 from tests.support.receiver import Receiver, RunningReceiver
 
@@ -200,36 +198,27 @@ def test_new_secret_is_whsec_and_base64_of_24_random_bytes():
 
 # --- the guarded Sender ----------------------------------------------------------------
 
-class ConnectGuard(httpcore.AsyncNetworkBackend):
-    """The only way out of a test Sender: connects to 127.0.0.1 and refuses,
-    by failing the test, any other address."""
+class ConnectGuard(httpx.AsyncBaseTransport):
+    """The only way out of a test Sender: app.http_transport's transport,
+    sending only requests addressed to 127.0.0.1 (aiohttp connects to an
+    address in the URL as it stands) and refusing, by failing the test,
+    any other — a host name it would resolve itself included."""
 
     def __init__(self):
-        self.inner = _Backend()
+        self.inner = AiohttpTransport()
         self.connected: list[tuple[str, int]] = []
         self.refused: list[tuple[str, int]] = []
 
-    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        if host != "127.0.0.1":
-            self.refused.append((host, port))
-            raise AssertionError(f"the sender tried to connect to {host}:{port}")
-        self.connected.append((host, port))
-        return await self.inner.connect_tcp(host, port, timeout=timeout, local_address=local_address,
-                                            socket_options=socket_options)
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        where = (request.url.host, request.url.port or {"https": 443, "http": 80}[request.url.scheme])
+        if where[0] != "127.0.0.1":
+            self.refused.append(where)
+            raise AssertionError(f"the sender tried to connect to {where[0]}:{where[1]}")
+        self.connected.append(where)
+        return await self.inner.handle_async_request(request)
 
-    async def connect_unix_socket(self, path, timeout=None, socket_options=None):
-        self.refused.append((path, 0))
-        raise AssertionError("the sender tried to connect to a unix socket")
-
-    async def sleep(self, seconds):
-        await self.inner.sleep(seconds)
-
-
-class GuardedTransport(AsyncioTransport):
-    """app.http_transport's transport with the ConnectGuard as its network."""
-
-    def __init__(self, guard: ConnectGuard):
-        self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl.create_default_context(), network_backend=guard)
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 class FakeDns:
@@ -256,7 +245,7 @@ async def guarded():
     def make(allowed=frozenset(), answers=None, resolve=None) -> tuple[Sender, ConnectGuard, FakeDns]:
         guard = ConnectGuard()
         dns = FakeDns(answers or {})
-        sender = Sender(frozenset(allowed), resolve=resolve or dns, transport=GuardedTransport(guard))
+        sender = Sender(frozenset(allowed), resolve=resolve or dns, transport=guard)
         made.append((sender, guard))
         return sender, guard, dns
 

@@ -1,34 +1,37 @@
 """app/http_transport.py against raw asyncio servers on loopback: the error
-kinds the provider layer depends on, and keep-alive connections the server
-closed while idle. (TLS with SNI is covered in tests/download/test_download_tls.py.)"""
+kinds the provider layer depends on (a failure before the request could
+leave is a connect error, one after never is), keep-alive and fresh
+connections, and that exactly the request httpx built goes out. (TLS with
+SNI is covered in tests/download/test_download_tls.py.)"""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 
-import httpcore
+import aiohttp
 import httpx
 import pytest
-from httpcore._async.connection_pool import AsyncPoolRequest
 
-from app.http_transport import AsyncioTransport, _Pool
+from app.http_transport import AiohttpTransport, _mapped
 from tests.support.raw_server import serve_raw  # noqa: F401 (a fixture; it reads each first request head)
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
 
-def client(timeout_s: float = 5.0) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=AsyncioTransport(), trust_env=False, timeout=timeout_s)
+def client(timeout_s: float = 5.0, limits: httpx.Limits | None = None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), trust_env=False, timeout=timeout_s)
+
+
+async def serve_ok_forever(reader, writer):
+    while True:
+        writer.write(OK)
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")  # the next request
 
 
 async def test_keep_alive_reuses_one_connection(serve_raw):
-    async def handle(reader, writer):
-        while True:
-            writer.write(OK)
-            await writer.drain()
-            await reader.readuntil(b"\r\n\r\n")  # the next request
-
-    raw = await serve_raw(handle)
+    raw = await serve_raw(serve_ok_forever)
     async with client() as c:
         for _ in range(5):
             r = await c.get(raw.url)
@@ -36,10 +39,21 @@ async def test_keep_alive_reuses_one_connection(serve_raw):
     assert len(raw.writers) == 1
 
 
+async def test_no_keep_alive_is_a_fresh_connection_for_every_request(serve_raw):
+    # The submits' client (app/providers/http.py: Clients): a pooled
+    # connection the server closed while idle would fail only once the
+    # request is written, an Uncertain submit.
+    raw = await serve_raw(serve_ok_forever)
+    async with client(limits=httpx.Limits(max_keepalive_connections=0)) as c:
+        for _ in range(3):
+            assert (await c.post(raw.url, content=b"{}")).status_code == 200
+    assert len(raw.writers) == 3
+
+
 @pytest.mark.parametrize("how", ["close", "reset"])
 async def test_a_connection_the_server_dropped_while_idle_is_not_reused(serve_raw, how):
-    # If it were reused, the request would fail after being written: for a
-    # submit, an Uncertain outcome instead of a clean new connection.
+    # A POST: aiohttp would send a GET again on a new connection and hide
+    # the reuse; a POST it sends once.
     async def handle(reader, writer):
         writer.write(OK)
         await writer.drain()
@@ -50,9 +64,9 @@ async def test_a_connection_the_server_dropped_while_idle_is_not_reused(serve_ra
 
     raw = await serve_raw(handle)
     async with client() as c:
-        assert (await c.get(raw.url)).status_code == 200
+        assert (await c.post(raw.url, content=b"{}")).status_code == 200
         await asyncio.sleep(0.2)  # the close reaches the client's event loop
-        assert (await c.get(raw.url)).status_code == 200
+        assert (await c.post(raw.url, content=b"{}")).status_code == 200
     assert len(raw.writers) == 2
 
 
@@ -63,7 +77,7 @@ async def test_connection_refused_is_a_connect_error():
     sock.close()  # nothing listens there now
     async with client() as c:
         with pytest.raises(httpx.ConnectError):
-            await c.get(f"http://127.0.0.1:{port}/")
+            await c.post(f"http://127.0.0.1:{port}/", content=b"{}")
 
 
 async def test_a_server_that_never_answers_is_a_read_timeout(serve_raw):
@@ -76,6 +90,18 @@ async def test_a_server_that_never_answers_is_a_read_timeout(serve_raw):
             await c.get(raw.url)
 
 
+async def test_a_server_that_never_reads_the_body_is_a_write_timeout(serve_raw):
+    # aiohttp's read timeout starts only once the body is sent; ours bounds
+    # the sending too, and a request stuck half sent is not a connect error.
+    async def handle(reader, writer):
+        await asyncio.sleep(10)
+
+    raw = await serve_raw(handle)
+    async with client(timeout_s=0.3) as c:
+        with pytest.raises(httpx.WriteTimeout):
+            await c.post(raw.url, content=b"x" * (64 << 20))
+
+
 async def test_a_connection_closed_before_the_answer_is_not_a_connect_error(serve_raw):
     # The request was sent: the provider layer must not read this as "not created".
     async def handle(reader, writer):
@@ -83,9 +109,30 @@ async def test_a_connection_closed_before_the_answer_is_not_a_connect_error(serv
 
     raw = await serve_raw(handle)
     async with client() as c:
-        with pytest.raises(httpx.HTTPError) as caught:
+        with pytest.raises(httpx.ReadError):
             await c.post(raw.url, content=b"{}")
-        assert not isinstance(caught.value, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
+async def test_an_answer_that_is_not_http_is_a_protocol_error(serve_raw):
+    async def handle(reader, writer):
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+
+    raw = await serve_raw(handle)
+    async with client() as c:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await c.post(raw.url, content=b"{}")
+
+
+async def test_a_body_that_breaks_off_is_a_read_error(serve_raw):
+    async def handle(reader, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
+        await writer.drain()
+
+    raw = await serve_raw(handle)
+    async with client() as c:
+        with pytest.raises(httpx.ReadError):
+            await c.get(raw.url)
 
 
 async def test_streamed_body_arrives_whole(serve_raw):
@@ -102,40 +149,44 @@ async def test_streamed_body_arrives_whole(serve_raw):
     assert got == body
 
 
-def test_the_httpx_and_httpcore_seams_it_relies_on_still_exist():
-    """AsyncioTransport skips AsyncHTTPTransport.__init__ and sets `_pool`
-    itself, and implements httpcore's network backend. If an httpx or
-    httpcore release renames what it touches, this fails before users do."""
-    import importlib
-    import inspect
+async def test_a_body_not_read_to_its_end_closes_its_connection(serve_raw):
+    body = b"x" * (1 << 20)  # more than arrives with the head
 
-    import httpcore
+    async def handle(reader, writer):
+        while True:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
 
-    for method in ("handle_async_request", "aclose"):
-        source = inspect.getsource(getattr(httpx.AsyncHTTPTransport, method))
-        assert "self._pool" in source, method
-    assert {"verify", "trust_env"} <= set(inspect.signature(httpx.create_ssl_context).parameters)
-    pool_params = set(inspect.signature(httpcore.AsyncConnectionPool).parameters)
-    assert {"ssl_context", "max_connections", "max_keepalive_connections", "keepalive_expiry",
-            "network_backend"} <= pool_params
-    for name in ("connect_tcp", "connect_unix_socket", "sleep"):
-        assert callable(getattr(httpcore.AsyncNetworkBackend, name)), name
-    for name in ("read", "write", "aclose", "start_tls", "get_extra_info"):
-        assert callable(getattr(httpcore.AsyncNetworkStream, name)), name
-    for error in ("ConnectError", "ConnectTimeout", "ReadError", "ReadTimeout", "WriteError", "WriteTimeout"):
-        assert issubclass(getattr(httpcore, error), Exception), error
-    # The transport builds its pool with our backend, and closing it works.
-    transport = AsyncioTransport()
-    assert isinstance(transport._pool, httpcore.AsyncConnectionPool)
-    # _Pool replaces httpcore's bookkeeping pass: what it reads and calls.
-    for name in ("_assign_requests_to_connections", "_close_connections", "create_connection"):
-        assert callable(getattr(httpcore.AsyncConnectionPool, name)), name
-    for name in ("_connections", "_requests", "_max_connections", "_max_keepalive_connections"):
-        assert hasattr(transport._pool, name), name
-    source = inspect.getsource(importlib.import_module("httpcore._async.connection_pool"))
-    assert source.count("self._assign_requests_to_connections()") >= 2  # on each request and each close
-    for name in ("connection", "is_queued", "assign_to_connection"):
-        assert hasattr(AsyncPoolRequest(httpcore.Request("GET", "http://a.example/")), name), name
+    raw = await serve_raw(handle)
+    async with client() as c:
+        async with c.stream("GET", raw.url) as r:
+            assert r.status_code == 200  # the body is left unread
+        assert (await c.get(raw.url)).content == body  # a new connection
+        assert (await c.get(raw.url)).content == body  # the last one, kept alive
+    assert len(raw.writers) == 2
+
+
+async def test_exactly_the_request_httpx_built_goes_out(serve_raw):
+    """Its URL as encoded (a signed URL's %2F and %41 stay as they are), its
+    headers in order, and no header aiohttp would add (no Content-Type on
+    a body that has none)."""
+    async def handle(reader, writer):
+        writer.write(OK)
+        await writer.drain()
+
+    raw = await serve_raw(handle)
+    async with client() as c:
+        await c.post(f"{raw.url}/out/a%2Fb.png?X-Amz-Signature=%41b%2B&x=1", content=b"raw",
+                     headers={"X-One": "1", "Authorization": "Bearer t"})
+    heads = raw.heads
+    lines = heads[0].decode().split("\r\n")
+    assert lines[0] == "POST /out/a%2Fb.png?X-Amz-Signature=%41b%2B&x=1 HTTP/1.1"
+    names = [line.split(":")[0].lower() for line in lines[1:] if line]
+    assert "content-type" not in names
+    assert names.count("host") == 1 and names.count("user-agent") == 1
+    assert names.index("x-one") < names.index("authorization")
+    assert "content-length: 3" in heads[0].decode().lower()
 
 
 async def test_a_burst_shares_the_pools_connections(serve_raw):
@@ -147,8 +198,7 @@ async def test_a_burst_shares_the_pools_connections(serve_raw):
             await reader.readuntil(b"\r\n\r\n")
 
     raw = await serve_raw(handle)
-    transport = AsyncioTransport(limits=httpx.Limits(max_connections=4))
-    async with httpx.AsyncClient(transport=transport, trust_env=False, timeout=10) as c:
+    async with client(timeout_s=10, limits=httpx.Limits(max_connections=4)) as c:
         for _ in range(2):
             answers = await asyncio.gather(*[c.get(raw.url) for _ in range(40)])
             assert [r.status_code for r in answers] == [200] * 40
@@ -156,125 +206,47 @@ async def test_a_burst_shares_the_pools_connections(serve_raw):
         assert raw.requests == 4
 
 
-async def test_the_keep_alive_limit_counts_idle_connections(serve_raw):
-    # httpcore 1.0 compares all its connections with the limit, so a busy
-    # pool closes each connection that comes back, and the next burst
-    # connects anew; ours keeps up to the limit of idle ones.
-    gates: list[asyncio.Event] = []  # one per request received, in order
-    arrived = asyncio.Condition()
-
-    async def handle(reader, writer):
-        while True:
-            gate = asyncio.Event()
-            async with arrived:
-                gates.append(gate)
-                arrived.notify_all()
-            await gate.wait()
-            writer.write(OK)
-            await writer.drain()
-            await reader.readuntil(b"\r\n\r\n")
-
-    async def received(n: int) -> None:
-        async with arrived:
-            await arrived.wait_for(lambda: len(gates) >= n)
-
-    raw = await serve_raw(handle)
-    transport = AsyncioTransport(limits=httpx.Limits(max_connections=10, max_keepalive_connections=2))
-    async with httpx.AsyncClient(transport=transport, trust_env=False, timeout=10) as c:
-        busy = [asyncio.ensure_future(c.get(raw.url)) for _ in range(6)]
-        await received(6)
-        for gate in gates[:3]:
-            gate.set()
-        finished = asyncio.as_completed(busy)
-        for _ in range(3):
-            await next(finished)
-        # Three busy, two idle kept, one closed.
-        assert len(transport._pool._connections) == 5
-        more = [asyncio.ensure_future(c.get(raw.url)) for _ in range(3)]
-        await received(9)
-        for gate in gates:
-            gate.set()
-        answers = await asyncio.gather(*busy, *more)
-    assert [r.status_code for r in answers] == [200] * 9
-    assert len(raw.writers) == 7  # six, and one for the third of the next three
+def _key() -> object:
+    from aiohttp.client_reqrep import ConnectionKey
+    return ConnectionKey("h.example", 443, True, True, None, None, None)
 
 
-class _Connection:
-    """A stand-in for an httpcore connection's state, for the pool's pass alone."""
-
-    def __init__(self, origin: httpcore.Origin, state: str):
-        self.origin, self.state = origin, state
-
-    def can_handle_request(self, origin: httpcore.Origin) -> bool:
-        return origin == self.origin
-
-    def is_available(self) -> bool:
-        return self.state == "idle"
-
-    def is_idle(self) -> bool:
-        return self.state in ("idle", "expired")
-
-    def has_expired(self) -> bool:
-        return self.state == "expired"
-
-    def is_closed(self) -> bool:
-        return self.state == "closed"
-
-
-A = httpcore.Origin(b"http", b"a.example", 80)
-B = httpcore.Origin(b"http", b"b.example", 80)
+@pytest.mark.parametrize("raised, mapped", [
+    # Before a byte can have left: the connector's own failures.
+    (lambda: aiohttp.ConnectionTimeoutError("pool or connect"), httpx.ConnectTimeout),
+    (lambda: aiohttp.ClientConnectorError(_key(), OSError(111, "refused")), httpx.ConnectError),
+    (lambda: aiohttp.ClientConnectorDNSError(_key(), OSError(-2, "no such name")), httpx.ConnectError),
+    (lambda: aiohttp.ClientConnectorSSLError(_key(), OSError(1, "handshake")), httpx.ConnectError),
+    (lambda: aiohttp.ClientConnectorCertificateError(_key(), ValueError("bad cert")), httpx.ConnectError),
+    (lambda: aiohttp.NonHttpUrlClientError("ftp://x/"), httpx.UnsupportedProtocol),
+    # On an open connection: never a connect error.
+    (lambda: aiohttp.SocketTimeoutError("no byte"), httpx.ReadTimeout),
+    (lambda: TimeoutError(), httpx.WriteTimeout),
+    (lambda: aiohttp.ServerDisconnectedError(), httpx.ReadError),
+    (lambda: aiohttp.ClientOSError(104, "reset"), httpx.ReadError),
+    (lambda: aiohttp.ClientConnectionResetError("reset"), httpx.ReadError),
+    (lambda: aiohttp.ClientConnectionError("failed to send"), httpx.ReadError),
+    (lambda: aiohttp.ClientPayloadError("broke off"), httpx.ReadError),
+    (lambda: ConnectionResetError(104, "reset"), httpx.ReadError),
+    (lambda: aiohttp.ClientResponseError(None, (), status=400, message="bad status line"),  # type: ignore[arg-type]
+     httpx.RemoteProtocolError),
+])
+def test_what_each_aiohttp_failure_means(raised, mapped):
+    assert type(_mapped(raised())) is mapped
 
 
-def _request(origin: httpcore.Origin) -> AsyncPoolRequest:
-    # The pass tests are async only because httpcore's request events need a running loop.
-    return AsyncPoolRequest(httpcore.Request("GET", f"http://{origin.host.decode()}/"))
-
-
-def _pool(connections, requests, *, max_connections=10, max_keepalive=10) -> _Pool:
-    pool = _Pool(max_connections=max_connections, max_keepalive_connections=max_keepalive)
-    pool._connections = list(connections)
-    pool._requests = list(requests)
-    return pool
-
-
-async def test_pass_gives_an_idle_connection_to_one_request_only():
-    idle = _Connection(A, "idle")
-    first, second = _request(A), _request(A)
-    pool = _pool([idle], [first, second])
-    assert pool._assign_requests_to_connections() == []
-    assert first.connection is idle
-    assert second.connection is not None and second.connection is not idle  # a new one
-    assert len(pool._connections) == 2
-
-
-async def test_pass_leaves_a_connection_handed_out_to_its_request():
-    # Handed to `started` in an earlier pass; it has not begun on it, so it still looks idle.
-    held = _Connection(A, "idle")
-    started, waiting = _request(A), _request(A)
-    started.assign_to_connection(held)
-    pool = _pool([held], [started, waiting], max_keepalive=0)
-    assert pool._assign_requests_to_connections() == []  # not closed as surplus
-    assert waiting.connection is not held
-    assert held in pool._connections
-
-
-async def test_pass_drops_closed_closes_expired_and_surplus_idle():
-    closed, expired = _Connection(A, "closed"), _Connection(A, "expired")
-    idle = [_Connection(A, "idle") for _ in range(3)]
-    busy = _Connection(A, "active")
-    pool = _pool([closed, expired, *idle, busy], [], max_keepalive=1)
-    assert pool._assign_requests_to_connections() == [expired, idle[0], idle[1]]
-    assert pool._connections == [idle[2], busy]
-
-
-async def test_pass_replaces_an_idle_connection_when_the_pool_is_full():
-    to_a, busy = _Connection(A, "idle"), _Connection(B, "active")
-    for_b, also_for_b = _request(B), _request(B)
-    pool = _pool([to_a, busy], [for_b, also_for_b], max_connections=2)
-    assert pool._assign_requests_to_connections() == [to_a]
-    assert for_b.connection is not None and for_b.connection.can_handle_request(B)
-    assert also_for_b.is_queued()  # no room and nothing idle: it waits
-    assert pool._connections == [busy, for_b.connection]
+def test_the_aiohttp_seams_it_relies_on_still_exist():
+    """What the transport passes and reads. If an aiohttp release renames
+    one, this fails before users do."""
+    request = set(inspect.signature(aiohttp.ClientSession._request).parameters)
+    assert {"headers", "data", "allow_redirects", "timeout", "server_hostname"} <= request
+    session = set(inspect.signature(aiohttp.ClientSession).parameters)
+    assert {"connector", "cookie_jar", "trust_env", "auto_decompress", "skip_auto_headers"} <= session
+    connector = set(inspect.signature(aiohttp.TCPConnector).parameters)
+    assert {"ssl", "limit", "limit_per_host", "force_close", "keepalive_timeout"} <= connector
+    assert {"sock_connect", "sock_read", "connect", "total"} <= set(inspect.signature(aiohttp.ClientTimeout).parameters)
+    for name in ("raw_headers", "release", "content", "status"):
+        assert hasattr(aiohttp.ClientResponse, name), name
 
 
 # ------------------------------------------------ no cookie kept between calls
@@ -340,12 +312,12 @@ def test_default_transports_share_one_verifying_tls_context():
     given another `verify` gets that, not the shared one."""
     import ssl
 
-    first, second = AsyncioTransport(), AsyncioTransport()
-    shared = first._pool._ssl_context
-    assert second._pool._ssl_context is shared
+    first, second = AiohttpTransport(), AiohttpTransport()
+    shared = first._ssl_context
+    assert second._ssl_context is shared
     assert shared.verify_mode == ssl.CERT_REQUIRED and shared.check_hostname
     assert shared.cert_store_stats()["x509_ca"] > 0
-    unverified = AsyncioTransport(verify=False)._pool._ssl_context
+    unverified = AiohttpTransport(verify=False)._ssl_context
     assert unverified is not shared and unverified.verify_mode == ssl.CERT_NONE
     own = ssl.create_default_context()
-    assert AsyncioTransport(verify=own)._pool._ssl_context is own
+    assert AiohttpTransport(verify=own)._ssl_context is own

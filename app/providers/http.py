@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 import httpx
 
-from app.http_transport import AsyncioTransport, outbound_client
+from app.http_transport import AiohttpTransport, outbound_client
 from app.origins import host_of as host_of  # re-exported: the adapters import both from here
 from app.origins import same_origin as same_origin
 from app.providers.base import (
@@ -52,7 +52,7 @@ def make_client(timeout_s: float, *, keepalive: bool = True) -> httpx.AsyncClien
     phase (read, write, pool), connecting gets at most 10 s of it."""
     limits = httpx.Limits() if keepalive else httpx.Limits(max_keepalive_connections=0)
     return outbound_client(
-        AsyncioTransport(limits=limits),
+        AiohttpTransport(limits=limits),
         httpx.Timeout(connect=min(timeout_s, 10.0), read=timeout_s, write=timeout_s, pool=timeout_s))
 
 

@@ -16,6 +16,7 @@ class RawServer:
     def __init__(self, url: str, port: int, server: asyncio.AbstractServer):
         self.url, self.port, self.server = url, port, server
         self.requests = 0  # first requests of connections
+        self.heads: list[bytes] = []  # the first request head of each connection, as received
         self.writers: list[asyncio.StreamWriter] = []  # one per connection accepted
 
 
@@ -30,7 +31,7 @@ async def serve_raw():
             raw = holder["server"]
             raw.writers.append(writer)
             try:
-                await reader.readuntil(b"\r\n\r\n")
+                raw.heads.append(await reader.readuntil(b"\r\n\r\n"))
                 raw.requests += 1
                 await handler(reader, writer)
             except (ConnectionError, asyncio.IncompleteReadError):
