@@ -150,6 +150,56 @@ async def test_empty_body_and_exactly_the_cap(outputs, tmp_path):
     assert exact.bytes == 5000
 
 
+async def test_the_file_is_made_off_the_event_loop(outputs, tmp_path, monkeypatch):
+    # Making a file can wait on the filesystem's journal while other
+    # threads fsync; on the event loop that wait stalls every job.
+    import tempfile
+    import threading
+
+    made_in: list[threading.Thread] = []
+    mkstemp = tempfile.mkstemp
+
+    def recording(*args, **kwargs):
+        made_in.append(threading.current_thread())
+        return mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", recording)
+    for size in (0, 5000, 3 * MiB):  # nothing, one write, several
+        got = await download_to_file(f"{outputs.url}/bytes/{size}", plain_policy(outputs.url), str(tmp_path))
+        assert (got.bytes, got.sha256) == (size, sha256_of_pattern(size))
+    assert len(made_in) == 3 and threading.main_thread() not in made_in
+
+
+async def test_a_download_cancelled_while_its_file_is_made_leaves_no_file(outputs, tmp_path, monkeypatch):
+    # The thread making the file runs on after the cancel (asyncio cannot
+    # stop it): the file it makes is removed, not left behind.
+    import tempfile
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    done: list[str] = []
+    mkstemp = tempfile.mkstemp
+
+    def gated(*args, **kwargs):
+        entered.set()
+        release.wait(10)
+        made = mkstemp(*args, **kwargs)
+        done.append(made[1])
+        return made
+
+    monkeypatch.setattr(tempfile, "mkstemp", gated)
+    task = asyncio.ensure_future(download_to_file(f"{outputs.url}/bytes/5000", plain_policy(outputs.url),
+                                                  str(tmp_path)))
+    assert await asyncio.to_thread(entered.wait, 10)
+    # The cancel's clean-up waits for the thread's write to end: let it
+    # end a moment after the cancel.
+    threading.Timer(0.2, release.set).start()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert done and leftovers(tmp_path) == []
+
+
 # ----------------------------------------------------------------- byte cap
 
 async def test_declared_length_over_the_cap_fails_early(outputs, tmp_path):
