@@ -80,59 +80,38 @@ async def test_connection_refused_is_a_connect_error():
             await c.post(f"http://127.0.0.1:{port}/", content=b"{}")
 
 
-async def test_a_server_that_never_answers_is_a_read_timeout(serve_raw):
-    async def handle(reader, writer):
-        await asyncio.sleep(5)
-
-    raw = await serve_raw(handle)
-    async with client(timeout_s=0.3) as c:
-        with pytest.raises(httpx.ReadTimeout):
-            await c.get(raw.url)
-
-
-async def test_a_server_that_never_reads_the_body_is_a_write_timeout(serve_raw):
-    # aiohttp's read timeout starts only once the body is sent; ours bounds
-    # the sending too, and a request stuck half sent is not a connect error.
+@pytest.mark.parametrize("body, error", [
+    (b"{}", httpx.ReadTimeout),  # sent whole, never answered
+    # Never read: aiohttp's read timeout starts only once the body is sent;
+    # ours bounds the sending too, and a request stuck half sent is not a
+    # connect error.
+    (b"x" * (64 << 20), httpx.WriteTimeout),
+])
+async def test_a_server_that_stalls_is_a_timeout_after_connecting(serve_raw, body, error):
     async def handle(reader, writer):
         await asyncio.sleep(10)
 
     raw = await serve_raw(handle)
     async with client(timeout_s=0.3) as c:
-        with pytest.raises(httpx.WriteTimeout):
-            await c.post(raw.url, content=b"x" * (64 << 20))
+        with pytest.raises(error):
+            await c.post(raw.url, content=body)
 
 
-async def test_a_connection_closed_before_the_answer_is_not_a_connect_error(serve_raw):
-    # The request was sent: the provider layer must not read this as "not created".
+@pytest.mark.parametrize("answer, error", [
+    (b"", httpx.ReadError),  # closed with no answer
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", httpx.RemoteProtocolError),  # not HTTP
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part", httpx.ReadError),  # the body broke off
+])
+async def test_a_failure_after_the_request_was_sent_is_never_a_connect_error(serve_raw, answer, error):
+    # The provider layer must not read these as "not created".
     async def handle(reader, writer):
-        return  # the fixture closes the connection
+        writer.write(answer)
+        await writer.drain()  # then the fixture closes the connection
 
     raw = await serve_raw(handle)
     async with client() as c:
-        with pytest.raises(httpx.ReadError):
+        with pytest.raises(error):
             await c.post(raw.url, content=b"{}")
-
-
-async def test_an_answer_that_is_not_http_is_a_protocol_error(serve_raw):
-    async def handle(reader, writer):
-        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-        await writer.drain()
-
-    raw = await serve_raw(handle)
-    async with client() as c:
-        with pytest.raises(httpx.RemoteProtocolError):
-            await c.post(raw.url, content=b"{}")
-
-
-async def test_a_body_that_breaks_off_is_a_read_error(serve_raw):
-    async def handle(reader, writer):
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
-        await writer.drain()
-
-    raw = await serve_raw(handle)
-    async with client() as c:
-        with pytest.raises(httpx.ReadError):
-            await c.get(raw.url)
 
 
 async def test_streamed_body_arrives_whole(serve_raw):

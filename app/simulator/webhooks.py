@@ -4,12 +4,13 @@ A delivery is a timer (loop.call_later) that fires when the task reaches the
 event, renders the body at that moment, and POSTs it, retrying a failed
 attempt (connection error or non-2xx) after each of `retry_delays`.
 
-Sent with aiohttp, not httpx (the client longcall's own processes use):
-only the provider's CPU, not ours, and on the bench's shared cores every
-simulator microsecond is one our processes lose. Measured on loopback, 16
-POSTs at once: 97 µs of client CPU per webhook with aiohttp, 480 with
-httpx over app/http_transport (/tmp probe, 3 rounds each; README, the e2e
-row). aiohttp is already installed as aiobotocore's HTTP client.
+Sent with aiohttp alone, without httpx (longcall's own processes send
+httpx requests over aiohttp, app/http_transport.py): only the provider's
+CPU, not ours, and on the bench's shared cores every simulator
+microsecond is one our processes lose. Measured on loopback, 16 POSTs at
+once: 97 µs of client CPU per webhook with aiohttp, 284–299 with httpx
+over aiohttp, 480 with httpx's own HTTP/1.1 (/tmp probe, 3 rounds each;
+README, the e2e row).
 """
 from __future__ import annotations
 
