@@ -35,15 +35,20 @@ import typing
 
 import aiohttp
 import httpx
+from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
 
-def _mapped(exc: BaseException) -> httpx.TransportError:
+def _mapped(exc: BaseException, *, reading: bool = False) -> httpx.TransportError:
     """The httpx error that says what an aiohttp failure means (pure).
     Only ClientConnectorError and ConnectionTimeoutError happen before a
     byte of the request can have left: aiohttp raises them from the
     connector, while it resolves, connects, shakes hands or waits for a
-    pooled connection. Everything else happened on an open connection."""
+    pooled connection (and never after, since it is told not to send a
+    request twice: AiohttpTransport._open). Everything else happened on an
+    open connection, but for a URL aiohttp cannot reach and a header it
+    will not write, refused before sending. `reading`: our own bound
+    expired reading the body, not sending the request."""
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return httpx.ConnectTimeout("timed out connecting")
     if isinstance(exc, aiohttp.ClientConnectorError):
@@ -52,33 +57,52 @@ def _mapped(exc: BaseException) -> httpx.TransportError:
         return httpx.UnsupportedProtocol("the URL is not one HTTP can reach")
     if isinstance(exc, aiohttp.ServerTimeoutError):  # sock_read: no byte for the read timeout
         return httpx.ReadTimeout("timed out reading the response")
-    if isinstance(exc, TimeoutError):  # our bound on sending the request (_send)
-        return httpx.WriteTimeout("timed out sending the request")
-    if isinstance(exc, aiohttp.ClientResponseError):  # an answer that is not HTTP
+    if isinstance(exc, TimeoutError):  # our bounds (handle_async_request, _Body)
+        return httpx.ReadTimeout("timed out reading the response") if reading \
+            else httpx.WriteTimeout("timed out sending the request")
+    if isinstance(exc, (aiohttp.ClientResponseError, HttpProcessingError)):  # an answer that is not HTTP
         return httpx.RemoteProtocolError("the answer was not valid HTTP")
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return httpx.ReadError("the server closed the connection")
     if isinstance(exc, aiohttp.ClientPayloadError):
         return httpx.ReadError("the answer's body broke off")
+    if isinstance(exc, ValueError):  # a header with a line break: aiohttp writes none of it (h11 did the same)
+        return httpx.LocalProtocolError("the request could not be written")
     return httpx.ReadError(f"the connection failed ({type(exc).__name__})")
 
 
-_FAILURES = (aiohttp.ClientError, OSError, TimeoutError)
+_FAILURES = (aiohttp.ClientError, HttpProcessingError, OSError, TimeoutError, ValueError)
 
 
 class _Body(httpx.AsyncByteStream):
     """An aiohttp answer's body as httpx reads it: raw bytes as they
-    arrive (httpx decodes any content-encoding itself)."""
+    arrive (httpx decodes any content-encoding itself), each within the
+    read timeout. aiohttp's own read timeout is stopped by a body whose
+    framing breaks in a later packet than the head, which then waits for
+    ever (llhttp fails inside data_received and the error never reaches
+    the body's stream): the bound here ends that wait."""
 
-    def __init__(self, response: aiohttp.ClientResponse):
+    def __init__(self, response: aiohttp.ClientResponse, read_s: float | None):
         self._response = response
+        self._read_s = read_s
 
     async def __aiter__(self) -> typing.AsyncIterator[bytes]:
+        content = self._response.content
         try:
-            async for chunk in self._response.content.iter_any():
+            while True:
+                # What has arrived, without a timer (a small answer has
+                # arrived whole with its head); else wait, within the bound.
+                chunk = content.read_nowait()
+                if not chunk:
+                    if content.at_eof():
+                        return
+                    async with asyncio.timeout(self._read_s):
+                        chunk = await content.readany()
+                    if not chunk:
+                        return
                 yield chunk
         except _FAILURES as exc:
-            raise _mapped(exc) from None
+            raise _mapped(exc, reading=True) from None
 
     async def aclose(self) -> None:
         # Back to the pool when read to its end; a body not read to its end
@@ -91,9 +115,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     per `limits`; `max_keepalive_connections=0` is a fresh connection for
     every request). Exactly the request httpx built goes out: its URL as
     encoded, its headers and nothing aiohttp would add, no proxy, no
-    cookies, no decompression. One attempt: aiohttp sends a GET, PUT or
-    DELETE once more when a kept-alive connection turns out closed (RFC
-    9112 §9.3.1); every call of ours with those methods is a read."""
+    cookies, no decompression, one attempt."""
 
     def __init__(self, *, verify: ssl.SSLContext | bool = True, limits: httpx.Limits | None = None):
         self._ssl_context = _system_verified_context() if verify is True \
@@ -111,6 +133,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self._session = aiohttp.ClientSession(
             connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False,
             auto_decompress=False, skip_auto_headers=("Content-Type",), timeout=aiohttp.ClientTimeout(total=None))
+        # One attempt. aiohttp sends a GET, PUT or DELETE again after the
+        # connection drops, and if that second connect fails, a request the
+        # server already had comes back as a connect error ("nothing was
+        # sent"). Its own test client turns this off the same way.
+        self._session._retry_connection = False
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -118,6 +145,13 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         phases = request.extensions.get("timeout", {})
         connect, read, write, pool = (phases.get(k) for k in ("connect", "read", "write", "pool"))
         body = await request.aread()
+        # Passed on as httpx wrote them, but for a streamed body's chunked
+        # framing: the body is read whole, and aiohttp gives it a length.
+        try:
+            headers = [(k.decode("ascii"), v.decode("ascii")) for k, v in request.headers.raw
+                       if k.lower() != b"transfer-encoding"]
+        except UnicodeDecodeError:  # aiohttp would send them as UTF-8: not what httpx built
+            raise httpx.LocalProtocolError("header names and values must be ASCII") from None
         https = request.url.scheme == "https"
         sni = request.extensions.get("sni_hostname") if https else None
         timeout = aiohttp.ClientTimeout(
@@ -131,11 +165,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             async with asyncio.timeout(bound):
                 response = await session.request(
                     request.method, URL(str(request.url), encoded=True),
-                    headers=request.headers.multi_items(), data=body or None, allow_redirects=False,
+                    headers=headers, data=body or None, allow_redirects=False,
                     timeout=timeout, server_hostname=sni.decode() if isinstance(sni, bytes) else sni)
         except _FAILURES as exc:
             raise _mapped(exc) from None
-        return httpx.Response(response.status, headers=response.raw_headers, stream=_Body(response),
+        return httpx.Response(response.status, headers=response.raw_headers, stream=_Body(response, read),
                               request=request, extensions={"http_version": b"HTTP/1.1"})
 
     async def aclose(self) -> None:

@@ -12,6 +12,7 @@ import socket
 import aiohttp
 import httpx
 import pytest
+from aiohttp.http_exceptions import HttpProcessingError
 
 from app.http_transport import AiohttpTransport, _mapped
 from tests.support.raw_server import serve_raw  # noqa: F401 (a fixture; it reads each first request head)
@@ -114,6 +115,69 @@ async def test_a_failure_after_the_request_was_sent_is_never_a_connect_error(ser
             await c.post(raw.url, content=b"{}")
 
 
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "POST"])
+async def test_a_request_the_server_had_is_never_sent_twice(serve_raw, method):
+    # Left to itself, aiohttp sends a GET, PUT or DELETE again after the
+    # connection drops; with the server gone by then, a request it had
+    # would come back as a connect error ("nothing was sent").
+    raw = None
+
+    async def handle(reader, writer):
+        raw.server.close()  # the request came; nothing listens any more
+
+    raw = await serve_raw(handle)
+    async with client() as c:
+        with pytest.raises(httpx.ReadError):
+            await c.request(method, raw.url, content=b"{}")
+    assert raw.requests == 1
+
+
+async def test_a_body_whose_framing_breaks_later_ends_within_the_read_timeout(serve_raw):
+    # llhttp fails inside aiohttp's data_received and the error never
+    # reaches the body's stream: without our bound, this read waits for ever.
+    async def handle(reader, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(b"zz\r\n")  # not a chunk size
+        await writer.drain()
+        await asyncio.sleep(10)
+
+    raw = await serve_raw(handle)
+    async with client(timeout_s=0.3) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            await asyncio.wait_for(c.get(raw.url), 5)
+
+
+async def test_a_streamed_request_body_goes_out_with_its_length(serve_raw):
+    async def handle(reader, writer):
+        head = raw.heads[-1].lower()
+        length = int(head.split(b"content-length:")[1].split(b"\r\n")[0])
+        received.append(await reader.readexactly(length))
+        writer.write(OK)
+        await writer.drain()
+
+    async def pieces():
+        yield b"abc"
+        yield b"def"
+
+    received: list[bytes] = []
+    raw = await serve_raw(handle)
+    async with client() as c:
+        assert (await c.post(raw.url, content=pieces())).status_code == 200
+    assert b"transfer-encoding" not in raw.heads[0].lower()
+    assert received == [b"abcdef"]
+
+
+@pytest.mark.parametrize("value", ["café".encode("latin-1"), "1\r\nx-injected: 2"])  # httpx takes bytes as they are
+async def test_a_header_that_cannot_go_out_as_built_is_refused_unsent(serve_raw, value):
+    raw = await serve_raw(serve_ok_forever)
+    async with client() as c:
+        with pytest.raises(httpx.LocalProtocolError):
+            await c.post(raw.url, content=b"{}", headers={"x-note": value})
+    assert raw.requests == 0
+
+
 async def test_streamed_body_arrives_whole(serve_raw):
     body = bytes(range(256)) * 4096  # 1 MiB
 
@@ -209,9 +273,19 @@ def _key() -> object:
     (lambda: ConnectionResetError(104, "reset"), httpx.ReadError),
     (lambda: aiohttp.ClientResponseError(None, (), status=400, message="bad status line"),  # type: ignore[arg-type]
      httpx.RemoteProtocolError),
+    (lambda: HttpProcessingError(message="bad chunk"), httpx.RemoteProtocolError),  # the pure-Python parser's
+    # Refused before sending, and still never read as "nothing was sent".
+    (lambda: ValueError("newline in a header"), httpx.LocalProtocolError),
 ])
 def test_what_each_aiohttp_failure_means(raised, mapped):
     assert type(_mapped(raised())) is mapped
+
+
+def test_our_own_bound_is_a_write_timeout_sending_and_a_read_timeout_reading():
+    assert type(_mapped(TimeoutError())) is httpx.WriteTimeout
+    assert type(_mapped(TimeoutError(), reading=True)) is httpx.ReadTimeout
+    assert type(_mapped(aiohttp.SocketTimeoutError("no byte"), reading=True)) is httpx.ReadTimeout
+    assert type(_mapped(aiohttp.ConnectionTimeoutError("pool"), reading=True)) is httpx.ConnectTimeout
 
 
 def test_the_aiohttp_seams_it_relies_on_still_exist():
@@ -226,6 +300,9 @@ def test_the_aiohttp_seams_it_relies_on_still_exist():
     assert {"sock_connect", "sock_read", "connect", "total"} <= set(inspect.signature(aiohttp.ClientTimeout).parameters)
     for name in ("raw_headers", "release", "content", "status"):
         assert hasattr(aiohttp.ClientResponse, name), name
+    # One attempt: the switch aiohttp's own test client sets, and the loop that reads it.
+    assert "_retry_connection" in aiohttp.ClientSession.ATTRS
+    assert "self._retry_connection and method in IDEMPOTENT_METHODS" in inspect.getsource(aiohttp.ClientSession._request)
 
 
 # ------------------------------------------------ no cookie kept between calls
