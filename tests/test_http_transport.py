@@ -297,12 +297,14 @@ def test_the_aiohttp_seams_it_relies_on_still_exist():
     assert {"connector", "cookie_jar", "trust_env", "auto_decompress", "skip_auto_headers"} <= session
     connector = set(inspect.signature(aiohttp.TCPConnector).parameters)
     assert {"ssl", "limit", "limit_per_host", "force_close", "keepalive_timeout"} <= connector
-    assert {"sock_connect", "sock_read", "connect", "total"} <= set(inspect.signature(aiohttp.ClientTimeout).parameters)
+    timeout = set(inspect.signature(aiohttp.ClientTimeout).parameters)
+    assert {"sock_connect", "sock_read", "connect", "total"} <= timeout
     for name in ("raw_headers", "release", "content", "status"):
         assert hasattr(aiohttp.ClientResponse, name), name
     # One attempt: the switch aiohttp's own test client sets, and the loop that reads it.
     assert "_retry_connection" in aiohttp.ClientSession.ATTRS
-    assert "self._retry_connection and method in IDEMPOTENT_METHODS" in inspect.getsource(aiohttp.ClientSession._request)
+    request_source = inspect.getsource(aiohttp.ClientSession._request)
+    assert "self._retry_connection and method in IDEMPOTENT_METHODS" in request_source
 
 
 # ------------------------------------------------ no cookie kept between calls
