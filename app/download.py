@@ -431,7 +431,7 @@ class _Spool:
         self._lock = threading.Lock()
         self._discarded = False
 
-    def write(self, data: bytes, *, last: bool = False) -> None:
+    def write(self, data: bytes | bytearray, *, last: bool = False) -> None:
         """In a worker thread: `data` appended (the file made first if need
         be); with `last`, the file closed, made even when nothing came."""
         with self._lock:
@@ -477,15 +477,17 @@ async def _stream_to(response: httpx.Response, url: httpx.URL, policy: DownloadP
                 raise OutputTooLarge(f"output is larger than the {policy.max_bytes} byte cap")
             pending += piece
             if len(pending) >= CHUNK_BYTES:
-                await asyncio.to_thread(spool.write, bytes(pending))
-                pending.clear()
+                # Handed to the writing thread, not copied: this loop never
+                # touches it again (a new buffer takes the next bytes).
+                full, pending = pending, bytearray()
+                await asyncio.to_thread(spool.write, full)
     except httpx.TimeoutException:
         raise DownloadError(f"timed out reading from {describe(url)}: no data for "
                             f"{policy.stall_timeout_s:g} s") from None
     except httpx.HTTPError as exc:
         raise DownloadError(f"reading from {describe(url)} failed ({type(exc).__name__})") from None
     # One thread hop for a small output: made, written and closed.
-    await asyncio.to_thread(spool.write, bytes(pending), last=True)
+    await asyncio.to_thread(spool.write, pending, last=True)
 
 
 async def _download(url: str, policy: DownloadPolicy, spool: _Spool,
