@@ -34,7 +34,7 @@ from proof import BENCH_GROUPS, bench_db
 from proof.bench_baseline import CREATE_TABLE
 from proof.bench_baseline import TABLE as HOOK_TABLE
 from proof.bench_baseline import UPSERT as HOOK_UPSERT
-from proof.bench_env import PROCRASTINATE_ROLE, SETTLER_ROLE, Env, Owner, http_request, webhook_requests
+from proof.bench_env import PROCRASTINATE_ROLE, SETTLER_ROLE, Env, Owner, by_backend, http_request, webhook_requests
 
 GROUPS = BENCH_GROUPS
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -249,7 +249,7 @@ async def bench_ingest(env: Env, p: Params) -> list[Row]:
     ours, floor, raw = Measure("ours"), Measure("minimal endpoint"), Measure("raw asyncpg upsert")
     bare = Measure("minimal endpoint without pool reset")
     ours_lat, floor_lat = Measure("ours"), Measure("minimal endpoint")
-    notes, others, others_lat = [], [], []
+    notes, others, others_lat, rounds = [], [], [], []
     for r in range(p.rounds):
         say(f"ingest round {r + 1}/{p.rounds}")
         await env.reset()
@@ -285,6 +285,13 @@ async def bench_ingest(env: Env, p: Params) -> list[Row]:
         if r == 0:
             notes += [f"ours {cpu_note(got)}", f"minimal endpoint {cpu_note(endpoint)}",
                       f"minimal endpoint without pool reset {cpu_note(endpoint_bare)}"]
+        # Each round's ratio beside its CPU: the ratio moves between rounds
+        # of one run more than the medians move between runs.
+        ours_us = sum(got["cpu_ms_per_req"][k] for k in ("web", "postgres")) * 1000
+        floor_us = sum(endpoint["cpu_ms_per_req"][k] for k in ("baseline", "postgres")) * 1000
+        rounds.append(f"{got['rate'] / endpoint['rate']:.2f}× ({ours_us:.0f} against {floor_us:.0f} µs)")
+    notes.append("each round's ratio to the minimal endpoint (server + PostgreSQL CPU per webhook, ours against "
+                 "its): " + ", ".join(rounds))
     due_now = await env.pool.fetchval("select count(*) from outbox where not_before <= now()")
     notes.append(f"path measured: valid t/v1 webhook, the job's first (its 30 s timer moved to now + NOTIFY, "
                  "committed without waiting for the WAL flush); "
@@ -502,7 +509,7 @@ async def _e2e_run(env: Env, p: Params, *, owners_n: int = 1, receiver: str | No
                 r.raise_for_status()
     watch = ("web", "settler", "sim")
     cpu0 = {w: env.procs[w].cpu() for w in watch}
-    pg0 = env.postgres_cpu()
+    pg0, backends0 = env.postgres_cpu(), await env.postgres_backends()
     await env.pool.execute("select pg_stat_statements_reset()")
     since = env.snapshot()
     created = await env.load(env.port("web"), _create_requests_of(owners, m, 0.0), mode="closed",
@@ -519,6 +526,7 @@ async def _e2e_run(env: Env, p: Params, *, owners_n: int = 1, receiver: str | No
     others = env.others_share(since)
     cpu = {w: (env.procs[w].cpu() - cpu0[w]) / m * 1e6 for w in watch}
     cpu["postgres"] = (env.postgres_cpu() - pg0) / m * 1e6
+    pg_by = {name: s / m * 1e6 for name, s in by_backend(backends0, await env.postgres_backends()).items()}
     cpu["loadgen"] = created["cpu_s"] / m * 1e6
     # The bench's own reads (the waits above) are left out; `toplevel` tells
     # the statements longcall sent from those PostgreSQL ran inside them
@@ -534,7 +542,11 @@ async def _e2e_run(env: Env, p: Params, *, owners_n: int = 1, receiver: str | No
         {counted} and s.toplevel
         order by s.total_exec_time desc limit 10""")
     stats = (await _sim_request(env, "GET", "/_sim/stats")).json()
-    notes = ["CPU per job: " + ", ".join(f"{k} {v:.0f} µs" for k, v in cpu.items()),
+    ended = cpu["postgres"] - sum(pg_by.values())
+    pg_note = ("PostgreSQL's by the process it ran in (a connection by its application name): "
+               + ", ".join(f"{k} {v:.0f} µs" for k, v in pg_by.items() if v >= 0.5)
+               + (f"; processes that ended during the run {ended:.0f} µs" if ended >= 0.5 else ""))
+    notes = ["CPU per job: " + ", ".join(f"{k} {v:.0f} µs" for k, v in cpu.items()), pg_note,
              f"simulator webhooks: {stats['webhooks_sent']} attempts, {stats['webhooks_delivered']} accepted for "
              f"{m} jobs (a webhook that beats the saved task id is refused, then retried 1 s later); "
              f"status calls {stats['status_calls']}",
@@ -546,7 +558,7 @@ async def _e2e_run(env: Env, p: Params, *, owners_n: int = 1, receiver: str | No
         delivered = await env.pool.fetchval("select count(*) from deliveries where status = 'delivered'")
         notes.append(f"notifications: {delivered} delivered to the receiver ({delivered / m:.1f} per job)")
     return {"rate": m / float(span["s"]), "cpu": cpu, "ours_cpu_us": cpu["web"] + cpu["settler"] + cpu["postgres"],
-            "sent": sent / m, "nested": nested / m, "others": others, "notes": notes}
+            "sent": sent / m, "nested": nested / m, "others": others, "notes": notes, "pg_note": pg_note}
 
 
 async def _deliveries_done(env: Env) -> bool:
@@ -570,6 +582,8 @@ async def bench_e2e(env: Env, p: Params) -> list[Row]:
         ours.values.append(one["rate"])
         others.append(one["others"])
         cpu.values.append(one["ours_cpu_us"])
+        ours_by = ", ".join(f"{k} {one['cpu'][k]:.0f}" for k in ("web", "settler", "postgres"))
+        cpu_notes.append(f"round {r + 1}: {ours_by} µs per job; {one['pg_note']}")
         sent.values.append(one["sent"])
         nested.values.append(one["nested"])
         say(f"e2e round {r + 1}/{p.rounds}: {E2E_OWNERS} owners")
@@ -586,8 +600,8 @@ async def bench_e2e(env: Env, p: Params) -> list[Row]:
         if r == 0:
             notes += one["notes"]
             spread_notes += many["notes"][:1]
-            cpu_notes += [f"minimal endpoint {cpu_note(endpoint)}",
-                          f"minimal endpoint without pool reset {cpu_note(endpoint_bare)}"]
+            cpu_notes[:0] = [f"minimal endpoint {cpu_note(endpoint)}",
+                             f"minimal endpoint without pool reset {cpu_note(endpoint_bare)}"]
     notes.append(f"{p.e2e_jobs:,} jobs of one owner created as fast as {p.concurrency} connections go, simulator "
                  "at duration_s=0, 1 KiB output, webhooks on (PUBLIC_URL), file storage (fsync); jobs/s = jobs ÷ "
                  "(last finished_at − first created_at); every real step (create, submit, webhook, status, "

@@ -162,6 +162,25 @@ class Env:
         except (OSError, ValueError, psutil.Error):
             return 0.0
 
+    async def postgres_backends(self) -> dict[int, tuple[str, float]]:
+        """Each server process's pid -> (what it serves, CPU seconds): a
+        client connection by its application_name (longcall-web,
+        longcall-settler, longcall-settler-listen, bench), a server process
+        by its backend type (walwriter, checkpointer, autovacuum worker...),
+        the postmaster by itself. `by_backend` diffs two of these."""
+        try:
+            pid = int((self.pg.data_dir / "postmaster.pid").read_text().split()[0])
+            master = psutil.Process(pid)
+            children = master.children(recursive=True)
+        except (OSError, ValueError, psutil.Error):
+            return {}
+        rows = await self.pool.fetch(
+            "select pid, coalesce(nullif(application_name, ''), backend_type) as name from pg_stat_activity")
+        names = {r["pid"]: r["name"] for r in rows}
+        procs = {pid: ("postmaster", cpu_seconds(master))}
+        procs.update({c.pid: (names.get(c.pid, "other"), cpu_seconds(c)) for c in children})
+        return procs
+
     def snapshot(self) -> tuple[float, float, float]:
         """(wall, machine busy CPU s, our CPU s): ours is this process, all
         its children (servers, settlers, the load generator) and PostgreSQL."""
@@ -352,3 +371,15 @@ def webhook_requests(job_ids: list[str]) -> list[bytes]:
         out.append(http_request("POST", f"/webhooks/sim/{job_id}?token={token}", {
             "content-type": "application/json", "x-signature": sign_tv1(WEBHOOK_SECRET, body, t)}, body))
     return out
+
+
+def by_backend(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds spent between two `Env.postgres_backends()` readings,
+    summed by what each process serves, largest first. A process started
+    between them counts from zero; one that ended between them is missing
+    (our pools keep their connections for a whole run)."""
+    spent: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        was = before.get(pid)
+        spent[name] = spent.get(name, 0.0) + cpu - (was[1] if was and was[0] == name else 0.0)
+    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))

@@ -59,6 +59,12 @@ def test_quick_bench_prints_every_row(tmp_path):
         "minimal endpoint", "raw asyncpg upsert", "minimal endpoint without pool reset"]
     assert [b["name"] for b in rows["e2e_cpu"]["baselines"]] == [
         "minimal endpoint (server + PostgreSQL)", "the same without pool reset"]
+    # Each ingest round's ratio, and PostgreSQL's CPU per e2e job by the
+    # process it ran in, with our two tiers' connections named.
+    assert any(n.startswith("each round's ratio") and n.count("×") == 1 for n in rows["ingest"]["notes"])
+    by_process = [n for n in rows["e2e_cpu"]["notes"] if n.startswith("round 1:")]
+    assert len(by_process) == 1 and all(name in by_process[0] for name in ("longcall-web", "longcall-settler")), \
+        rows["e2e_cpu"]
     # Where the latency row's tail goes, by phase, from the jobs' timelines.
     phases = [n for n in rows["e2e_latency"]["notes"] if n.startswith("round 1: medians by phase")]
     assert len(phases) == 1 and "slowest 1% submit" in phases[0], rows["e2e_latency"]
