@@ -83,7 +83,7 @@ class ModelsFile:
                 changes["poll_delays_s"] = entry.poll_every_s
             if entry.give_up_after_s is not None:
                 changes["give_up_after_s"] = entry.give_up_after_s
-            if entry.timeout_s is not None:
+            if entry.timeout_s is not None and facts.kind is ProviderKind.SYNC:
                 changes["call_timeout_s"] = entry.timeout_s
         if facts.kind is ProviderKind.SYNC and "stale_after_s" not in changes and "call_timeout_s" in changes:
             changes["stale_after_s"] = changes["call_timeout_s"] + LOST_CALL_MARGIN_S
@@ -145,10 +145,10 @@ def _entry(table: Mapping[str, Any], where: str) -> ModelEntry:
         timeout_s=_seconds(table, "timeout_s", where),
         max_in_flight=_count(table, "max_in_flight", where),
         price=_price(table, where))
-    sync = may_be_sync(provider, model)
-    if entry.timeout_s is not None and not sync:
-        raise ModelsFileError(f"{where}: timeout_s applies to sync models only")
-    if sync and entry.stale_after_s is not None:
+    # timeout_s on an entry no sync model matches is accepted and has no
+    # effect (only a sync call is a call of its own to time out): the
+    # contract's own example sets it on KIE's async veo/*.
+    if may_be_sync(provider, model) and entry.stale_after_s is not None:
         timeout = entry.timeout_s if entry.timeout_s is not None else SYNC_CALL_TIMEOUT_S
         if entry.stale_after_s < timeout:
             raise ModelsFileError(f"{where}: stale_after_s {entry.stale_after_s:g} is shorter than the call's "

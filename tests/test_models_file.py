@@ -2,6 +2,7 @@
 how the first matching entry's timings lie over a provider's facts."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from decimal import Decimal
@@ -12,15 +13,19 @@ from app.config import ConfigError, load_settings
 from app.models_file import ModelsFileError, Price, glob_problem, parse
 from app.providers.base import ProviderFacts, ProviderKind
 
+# The first entry is CONTRACT.md's example, verbatim (its timeout_s on an
+# async model is accepted and changes nothing).
 EXAMPLE = """
 [[models]]
 provider = "kie"
 model = "veo/*"
-stale_after_s = 1500
-poll_every_s = [5, 10, 30]
+stale_after_s = 1500          # with a webhook registered: ask the provider anyway this long after submit
+poll_every_s = [5, 10, 30]    # without one: successive intervals between checks, the last repeating
 give_up_after_s = 5400
-max_in_flight = 20
-price = { credits = 3, per = "second" }
+timeout_s = 600              # sync models: the call's own timeout
+max_in_flight = 20            # these jobs submitted and not yet closed, across all settlers
+price = { credits = 3, per = "second" }   # per: "job", "output", "second" (of output audio/video),
+                                          # "1k_tokens" (input + output), "1k_characters", "provider"
 
 [[models]]
 provider = "anthropic"
@@ -62,6 +67,10 @@ def test_an_entry_lays_its_timings_over_the_facts_and_keeps_the_rest():
     veo = models.apply("kie", "veo/veo3", ASYNC)
     assert (veo.stale_after_s, veo.poll_delays_s, veo.give_up_after_s) == (1500.0, (5.0, 10.0, 30.0), 5400.0)
     assert veo.webhook_scheme == ASYNC.webhook_scheme
+    # Its timeout_s is a sync call's: an async model's facts keep their own.
+    assert models.match("kie", "veo/veo3").timeout_s == 600.0
+    odd = dataclasses.replace(ASYNC, call_timeout_s=42.0)
+    assert models.apply("kie", "veo/veo3", odd).call_timeout_s == 42.0
     assert models.apply("kie", "other", ASYNC) == ASYNC  # an entry without timings changes nothing
     assert models.apply("fal", "x", ASYNC) == ASYNC  # no entry
 
@@ -103,7 +112,6 @@ ENTRY = '[[models]]\nprovider = "{provider}"\nmodel = "{model}"\n'
     (ENTRY.format(provider="kie", model="*") + 'price = { credits = 1, per = "job", cap = 3 }\n',
      "unknown price key 'cap'"),
     (ENTRY.format(provider="kie", model="*") + "price = 3\n", "price must be a table"),
-    (ENTRY.format(provider="kie", model="*") + "timeout_s = 60\n", "timeout_s applies to sync models only"),
     (ENTRY.format(provider="anthropic", model="*") + "stale_after_s = 60\n",
      "stale_after_s 60 is shorter than the call's timeout_s 600"),
     (ENTRY.format(provider="openai", model="*") + "timeout_s = 120\nstale_after_s = 119\n",

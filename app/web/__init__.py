@@ -124,11 +124,16 @@ ROUTES = [
     Route("/v1/owners/{owner_id}", owners.read_owner, methods=["GET"]),
     Route("/v1/owners/{owner_id}/grants", owners.grant_credits, methods=["POST"]),
     Route("/v1/models", models.list_models, methods=["GET"]),
-    Route("/v1/admin/jobs/{job_id}/resolve", admin.resolve_job, methods=["POST"]),
     Route("/healthz", health.healthz, methods=["GET"]),
     Route("/readyz", health.readyz, methods=["GET"]),
     Route("/metrics", health.metrics, methods=["GET"]),
     Route("/openapi.json", openapi.openapi, methods=["GET"]),
+]
+# Behind ADMIN_TOKEN: while it is unset these routes do not exist, so any
+# method on their paths is the same 404 as an unknown path (not a 405 that
+# tells the route is there).
+ADMIN_ROUTES = [
+    Route("/v1/admin/jobs/{job_id}/resolve", admin.resolve_job, methods=["POST"]),
     *console.ROUTES,
 ]
 
@@ -162,7 +167,8 @@ def create_app(settings: Settings, *, pool_size: int = 20, endpoint_resolver=sys
     handlers: dict[Any, Callable] = {ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected,
                                      **{kind: _database_away for kind in DATABASE_DOWN},
                                      **{kind: _not_migrated for kind in NOT_MIGRATED}}
-    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers=handlers)
+    routes = ROUTES + ADMIN_ROUTES if settings.admin_token else ROUTES
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     # No redirect from `/v1/jobs/` to `/v1/jobs`: Starlette builds that Location
     # from the request's Host header, which the client chooses. A 404 instead.
     app.router.redirect_slashes = False

@@ -172,6 +172,10 @@ async def test_resolve_refusals_change_nothing(web, make_settings, make_owner, s
     async with httpx.AsyncClient(base_url=no_admin.url) as anon:
         r = await anon.post(resolve, json=task, headers=ADMIN)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"  # no ADMIN_TOKEN: no route
+        unknown = await anon.get("/no/such/route")
+        for method in ("GET", "PUT", "DELETE"):  # not a 405 that would tell the route is there
+            other = await anon.request(method, resolve, headers=ADMIN)
+            assert (other.status_code, other.json()) == (404, unknown.json()) and "allow" not in other.headers
     async with httpx.AsyncClient(base_url=server.url) as anon:
         for headers in ({}, {"Authorization": "Bearer wrong-token"}, {"Authorization": "test-admin-token"},
                         {"Authorization": "Basic test-admin-token"}):
