@@ -3,8 +3,8 @@
 An embedded PostgreSQL under .longcall/ (unless DATABASE_URL is set), the
 migrations, the provider simulator, the web server and a settler; then a demo
 owner and a small batch of demo jobs with a progress display; then it keeps
-serving until Ctrl-C. Providers with no key of their own (Replicate, fal,
-KIE) are pointed at the simulator's emulation of their wire protocol.
+serving until Ctrl-C. Every provider with no key of its own is pointed at
+the simulator's emulation of its wire protocol (its prefix under SIM_URL).
 """
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from app.providers.base import (
     Uncertain,
     WebhookRequest,
     claimed_id,
+    json_value,
     text_value,
     webhook_field,
 )
@@ -67,20 +68,24 @@ def observation_from_task(body: dict, secrets: Secrets) -> Observation:
         return ended(state, secrets, body.get("error"))
     outputs = body.get("outputs") or []
     items = [u for u in outputs if isinstance(u, str)] if isinstance(outputs, list) else []
-    # Each entry is an output: a file URL to download, or (`output_text`)
-    # the text itself. Files are indexed first (Observation).
-    urls: list[str] = []
-    texts: list[OutputValue] = []
-    for item in items:
-        if collect_urls(item):
-            urls.append(item)
-        else:
-            texts.append(text_value(item))
     cost = body.get("cost")
     if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost < 0:
         cost = None
-    return Observation(state=state, output_urls=tuple(urls), values=tuple(texts),
-                       cost=int(cost) if cost is not None else None)
+    urls, values = outputs_of(items)
+    return Observation(state=state, output_urls=urls, values=values, cost=int(cost) if cost is not None else None)
+
+
+def outputs_of(items: list[str]) -> tuple[tuple[str, ...], tuple[OutputValue, ...]]:
+    """A task's `outputs` as URLs to download and values to store (pure):
+    file URLs are files; one entry that is not a URL is the task's text
+    (`output_text`); a list with several entries, any of them not a URL,
+    is one JSON output (CONTRACT.md's rule for a list of strings, as
+    Replicate's `output`)."""
+    if all(collect_urls(item) for item in items):
+        return tuple(items), ()
+    if len(items) == 1:
+        return (), (text_value(items[0]),)
+    return (), (json_value(items),)
 
 
 class SimProvider(Provider):

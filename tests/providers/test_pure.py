@@ -48,6 +48,23 @@ def test_sim_text_outputs_are_stored_as_text():
     assert obs.values == (OutputValue("héllo, wörld".encode(), "text/plain; charset=utf-8"),)
 
 
+TEXT = "text/plain; charset=utf-8"
+
+
+@pytest.mark.parametrize("outputs, urls, values", [
+    (["http://h/o/1", "http://h/o/2"], ("http://h/o/1", "http://h/o/2"), ()),
+    (["one answer"], (), (OutputValue(b"one answer", TEXT),)),
+    # A list of strings that are not file URLs is one JSON output (CONTRACT.md),
+    # with a URL among them too (as Replicate's `output`).
+    (["alpha", "beta"], (), (OutputValue(b'["alpha","beta"]', "application/json"),)),
+    (["http://h/o/1", "beta"], (), (OutputValue(b'["http://h/o/1","beta"]', "application/json"),)),
+    ([], (), ()),
+])
+def test_sim_outputs_as_files_text_or_one_json_value(outputs, urls, values):
+    obs = observation_from_task({"status": "succeeded", "outputs": outputs}, NO_SECRETS)
+    assert (obs.output_urls, obs.values) == (urls, values)
+
+
 def test_sim_failure_has_a_reason_even_without_one():
     assert observation_from_task({"status": "failed", "error": "boom"}, NO_SECRETS).error == "boom"
     assert observation_from_task({"status": "failed", "error": {"message": "bad"}}, NO_SECRETS).error == "bad"
