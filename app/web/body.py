@@ -247,4 +247,7 @@ def query_value(request: Request, name: str) -> str | None:
 
 
 def idempotency_key(request: Request) -> str | None:
-    return parse_idempotency_key(request.headers.get("idempotency-key"))
+    sent = request.headers.getlist("idempotency-key")
+    if len(sent) > 1:  # which one the client meant is not ours to guess
+        raise invalid("send one Idempotency-Key header, not several")
+    return parse_idempotency_key(sent[0] if sent else None)

@@ -125,12 +125,17 @@ async def _readable_job(request: Request, job_id: str):
             request.app.state.pool, key_hash, job_id,
             None if acting is None else acting if ids.is_owner_id(acting) else "")
         if not row:
-            raise ApiError(ApiErrorCode.UNAUTHENTICATED, "the API key is not valid")
-        if acting is not None and row["acting"] is None:
-            raise not_found("owner")
-        if row["id"] is None:
-            raise not_found()
-        return row, False
+            refusal = ApiError(ApiErrorCode.UNAUTHENTICATED, "the API key is not valid")
+        elif acting is not None and row["acting"] is None:
+            refusal = not_found("owner")
+        elif row["id"] is None:
+            refusal = not_found()
+        else:
+            return row, False
+        # A key that cannot read this job: its read token still does, as
+        # it does without a key (a page holding another key, say).
+        if "token" not in request.query_params:
+            raise refusal
     if "token" in request.query_params:
         if not token_allows(request, job_id):
             raise not_found()

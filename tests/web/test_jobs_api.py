@@ -75,6 +75,16 @@ async def test_idempotency_keys_are_scoped_to_the_owner(web, make_owner, db):
     assert ra.status_code == rb.status_code == 202 and ra.json()["id"] != rb.json()["id"]
 
 
+async def test_two_idempotency_keys_in_one_request_are_refused(web, make_owner, db):
+    server = await web()
+    owner = await make_owner()
+    async with server.client(owner.api_key) as c:
+        r = await c.post("/v1/jobs", json=JOB, headers=[("Idempotency-Key", "a"), ("Idempotency-Key", "b")])
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    assert "one Idempotency-Key" in r.json()["error"]["message"]
+    assert await db.fetchval("select count(*) from jobs") == 0
+
+
 async def test_concurrent_creates_never_overdraw_or_exceed_slots(web, make_owner, db):
     server = await web()
     poor = await make_owner(credits=35, max_active=100)   # money runs out: 3 jobs of 10
@@ -207,6 +217,16 @@ async def test_read_tokens(web, make_owner, db, make_settings):
     async with server.client(owner.api_key) as c:
         r = await c.get(f"/v1/jobs/{job['id']}?wait=31")
         assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    # The token reads whatever key comes with it: another owner's, or one that is no key.
+    stranger = await make_owner()
+    token = job["status_url"].split("token=")[1]
+    for key in (stranger.api_key, "lc_not-a-key"):
+        async with server.client(key) as c:
+            for path in (job["status_url"], f"/v1/jobs/{job['id']}/events?token={token}"):
+                r = await c.get(path)
+                assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*", (key, path)
+            assert (await c.get(f"/v1/jobs/{job['id']}")).status_code in (401, 404)  # the key alone does not
+            assert (await c.get(f"/v1/jobs/{job['id']}?token=garbage")).status_code == 404
     async with server.client() as anon:
         # a token reads, never cancels
         r = await anon.post(f"/v1/jobs/{job['id']}/cancel?token={job['status_url'].split('token=')[1]}")
