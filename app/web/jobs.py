@@ -124,18 +124,14 @@ async def _readable_job(request: Request, job_id: str):
         row = key_hash and await jobs.get_job_with_key(
             request.app.state.pool, key_hash, job_id,
             None if acting is None else acting if ids.is_owner_id(acting) else "")
-        if not row:
-            refusal = ApiError(ApiErrorCode.UNAUTHENTICATED, "the API key is not valid")
-        elif acting is not None and row["acting"] is None:
-            refusal = not_found("owner")
-        elif row["id"] is None:
-            refusal = not_found()
-        else:
+        if row and acting is not None and row["acting"] is None:
+            raise not_found("owner")  # a Longcall-Owner not under this platform, token or not
+        if row and row["id"] is not None:
             return row, False
         # A key that cannot read this job: its read token still does, as
         # it does without a key (a page holding another key, say).
         if "token" not in request.query_params:
-            raise refusal
+            raise ApiError(ApiErrorCode.UNAUTHENTICATED, "the API key is not valid") if not row else not_found()
     if "token" in request.query_params:
         if not token_allows(request, job_id):
             raise not_found()

@@ -227,6 +227,11 @@ async def test_read_tokens(web, make_owner, db, make_settings):
                 assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*", (key, path)
             assert (await c.get(f"/v1/jobs/{job['id']}")).status_code in (401, 404)  # the key alone does not
             assert (await c.get(f"/v1/jobs/{job['id']}?token=garbage")).status_code == 404
+    # But a Longcall-Owner not under the key's platform is the contract's 404, token or not.
+    platform = await make_owner(platform=True)
+    async with server.client(platform.api_key) as c:
+        r = await c.get(job["status_url"], headers={"Longcall-Owner": owner.owner_id})
+        assert r.status_code == 404 and r.json()["error"]["message"] == "no such owner"
     async with server.client() as anon:
         # a token reads, never cancels
         r = await anon.post(f"/v1/jobs/{job['id']}/cancel?token={job['status_url'].split('token=')[1]}")
