@@ -152,15 +152,20 @@ class Env:
     def db_url(self, database: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.pg.port}/{database}"
 
-    def postgres_cpu(self) -> float:
-        """CPU seconds of the server: postmaster and every backend now alive
-        (our pools keep their backends for the whole run)."""
+    def _server_processes(self) -> tuple[psutil.Process | None, list[psutil.Process]]:
+        """The postmaster and every process it runs now (None, [] when it is down)."""
         try:
             pid = int((self.pg.data_dir / "postmaster.pid").read_text().split()[0])
             master = psutil.Process(pid)
-            return cpu_seconds(master) + sum(cpu_seconds(c) for c in master.children(recursive=True))
+            return master, master.children(recursive=True)
         except (OSError, ValueError, psutil.Error):
-            return 0.0
+            return None, []
+
+    def postgres_cpu(self) -> float:
+        """CPU seconds of the server: postmaster and every backend now alive
+        (our pools keep their backends for the whole run)."""
+        master, children = self._server_processes()
+        return 0.0 if master is None else cpu_seconds(master) + sum(cpu_seconds(c) for c in children)
 
     async def postgres_backends(self) -> dict[int, tuple[str, float]]:
         """Each server process's pid -> (what it serves, CPU seconds): a
@@ -168,16 +173,13 @@ class Env:
         longcall-settler, longcall-settler-listen, bench), a server process
         by its backend type (walwriter, checkpointer, autovacuum worker...),
         the postmaster by itself. `by_backend` diffs two of these."""
-        try:
-            pid = int((self.pg.data_dir / "postmaster.pid").read_text().split()[0])
-            master = psutil.Process(pid)
-            children = master.children(recursive=True)
-        except (OSError, ValueError, psutil.Error):
+        master, children = self._server_processes()
+        if master is None:
             return {}
         rows = await self.pool.fetch(
             "select pid, coalesce(nullif(application_name, ''), backend_type) as name from pg_stat_activity")
         names = {r["pid"]: r["name"] for r in rows}
-        procs = {pid: ("postmaster", cpu_seconds(master))}
+        procs = {master.pid: ("postmaster", cpu_seconds(master))}
         procs.update({c.pid: (names.get(c.pid, "other"), cpu_seconds(c)) for c in children})
         return procs
 

@@ -17,7 +17,7 @@ from app.web.errors import ApiError, not_found
 
 def _require_admin(request: Request) -> None:
     token = request.app.state.settings.admin_token
-    if not token:
+    if not token:  # not mounted then (create_app); kept so an empty token never matches
         raise ApiError(ApiErrorCode.NOT_FOUND, "no such route")
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):

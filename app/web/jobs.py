@@ -131,7 +131,9 @@ async def _readable_job(request: Request, job_id: str):
         # A key that cannot read this job: its read token still does, as
         # it does without a key (a page holding another key, say).
         if "token" not in request.query_params:
-            raise ApiError(ApiErrorCode.UNAUTHENTICATED, "the API key is not valid") if not row else not_found()
+            if not row:
+                raise ApiError(ApiErrorCode.UNAUTHENTICATED, "the API key is not valid")
+            raise not_found()
     if "token" in request.query_params:
         if not token_allows(request, job_id):
             raise not_found()

@@ -38,7 +38,9 @@ Handler = Callable[[Request, Session], Awaitable[Response]]
 
 
 def require_console(request: Request) -> None:
-    """No ADMIN_TOKEN: the console does not exist (the same 404 as any unknown route)."""
+    """No ADMIN_TOKEN: the console does not exist (the same 404 as any unknown route).
+    create_app mounts no console route then; this second line keeps an empty
+    token from ever being the one a sign-in compares against."""
     if not request.app.state.settings.admin_token:
         raise ApiError(ApiErrorCode.NOT_FOUND, "no such route")
 
