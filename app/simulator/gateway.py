@@ -241,8 +241,8 @@ async def start(request: Request) -> Response:
     if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
         return _error(INVALID_REQUEST, f"idempotency-key must be 1 to {MAX_IDEMPOTENCY_KEY} characters")
 
-    existing = sim.store.by_idempotency_key.get(key) if key is not None else None
-    if existing is not None and existing.protocol == PROTOCOL:
+    existing = sim.store.by_key(PROTOCOL, key)
+    if existing is not None:
         return JSONResponse(start_view(existing, time.time(), with_secret=False))
     if sim.busy(PREFIX):
         return _throttled()

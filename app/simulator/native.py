@@ -96,7 +96,7 @@ async def create_task(request: Request) -> Response:
     if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
         return _error(f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters", 400)
 
-    existing = sim.store.by_idempotency_key.get(key) if key is not None else None
+    existing = sim.store.by_key(PROTOCOL, key)
     if existing is not None:
         return _created(existing, 200)
     if sim.busy(PREFIX):

@@ -211,7 +211,9 @@ class Store:
 
     def reset(self) -> None:
         self.tasks: dict[str, Task] = {}
-        self.by_idempotency_key: dict[str, Task] = {}
+        # Each protocol's keys apart: the same key sent to two protocols is
+        # two tasks, as it would be at two providers.
+        self.by_idempotency_key: dict[tuple[str, str], Task] = {}
         self.by_protocol: dict[str, list[Task]] = {}  # creation order
         self.stats = Stats()
         self.in_flight = InFlight(self.stats.peak_concurrent)
@@ -230,10 +232,14 @@ class Store:
         self.by_protocol.setdefault(task.protocol, []).append(task)
         self.stats.tasks_created += 1
         if task.idempotency_key is not None:
-            self.by_idempotency_key[task.idempotency_key] = task
+            self.by_idempotency_key[(task.protocol, task.idempotency_key)] = task
             self.stats.creates_by_idempotency_key[task.idempotency_key] += 1
         if task.callback_url is not None:  # keyed without its query string (a capability token)
             self.stats.creates_by_callback_url[task.callback_url.partition("?")[0]] += 1
+
+    def by_key(self, protocol: str, key: str | None) -> Task | None:
+        """The task this protocol created under this idempotency key."""
+        return self.by_idempotency_key.get((protocol, key)) if key is not None else None
 
     def get(self, task_id: str, protocol: str) -> Task | None:
         task = self.tasks.get(task_id)

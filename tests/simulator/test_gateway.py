@@ -142,6 +142,30 @@ def test_the_same_idempotency_key_answers_the_same_operation_without_the_secret(
                                                    "job_76543210fedcba9876543210": 1}
 
 
+
+@pytest.mark.parametrize("native_first", [True, False])
+def test_one_key_sent_to_the_native_api_and_the_gateway_is_a_task_at_each(client, native_first):
+    """Two providers keep their keys apart: a key the Gateway has seen
+    neither answers its job on /v1/tasks nor the reverse."""
+    key = "job_0123456789abcdef01234567"
+
+    def native() -> dict:
+        response = client.post("/v1/tasks", json={"model": "m", "input": {"duration_s": 5}},
+                               headers={"Idempotency-Key": key})
+        assert response.status_code in (200, 201), response.text
+        return response.json()
+
+    def gateway() -> str:
+        return start(client, {"duration_s": 5, "callbackUrl": "https://example.com/hook"}, key=key)["operation"]
+
+    if native_first:
+        task, operation = native(), gateway()
+    else:
+        operation, task = gateway(), native()
+    assert native() == task and gateway() == operation
+    assert client.get(f"/v1/tasks/{task['id']}").status_code == 200
+    assert client.get("/_sim/stats").json()["creates_by_idempotency_key"] == {key: 2}
+
 # ------------------------------------------------------------------ status
 
 
