@@ -46,6 +46,10 @@ from app.signing.webhooks import sign_standard_webhooks
 
 SEND_TIMEOUT_S = 15.0  # no answer within this: a failed attempt
 RETRY_FOR_S = 24 * 3600.0  # from the notification's creation (or its redelivery)
+# The last attempt is due at the 24 h mark itself, so it runs a little after
+# it (the settler's poll, a busy queue); an attempt later than this was held
+# up (settlers down for a day) and is recorded failed without a request.
+LAST_ATTEMPT_LATE_S = 300.0
 MAX_URL_CHARS = 2048
 SECRET_BYTES = 24
 
@@ -135,17 +139,25 @@ def signed_headers(secret: str, notification_id: str, timestamp: int, body: byte
 def next_attempt_in(attempts: int, schedule: tuple[float, ...], elapsed_s: float,
                     rng: random.Random | None = None) -> float | None:
     """Seconds until the next attempt after `attempts` failed ones, the
-    delivery's retries having run for `elapsed_s`; None: give up (the next
-    attempt would fall past RETRY_FOR_S). The schedule's last gap repeats;
-    each gap is drawn from [80%, 100%] of itself so deliveries that failed
-    together (an endpoint down) do not all come back at once. Pure."""
+    delivery's retries having run for `elapsed_s`; None: give up (its 24 h
+    are over). The schedule's last gap repeats; each gap is drawn from
+    [80%, 100%] of itself so deliveries that failed together (an endpoint
+    down) do not all come back at once. A gap that would end past
+    RETRY_FOR_S is cut to end at it: the last attempt is made at the 24 h
+    mark, and failed is recorded only after it. Pure."""
     if attempts < 1:
         return 0.0
+    if elapsed_s >= RETRY_FOR_S:
+        return None
     gap = schedule[min(attempts, len(schedule)) - 1]
     delay = gap * (0.8 + 0.2 * (rng or random).random())
-    if elapsed_s + delay > RETRY_FOR_S:
-        return None
-    return delay
+    return min(delay, RETRY_FOR_S - elapsed_s)
+
+
+def is_held_past_retries(elapsed_s: float) -> bool:
+    """An attempt this late after the notification (or its redelivery) is
+    not made: its retries are over. Pure."""
+    return elapsed_s > RETRY_FOR_S + LAST_ATTEMPT_LATE_S
 
 
 def is_delivered(status_code: int) -> bool:

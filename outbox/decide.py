@@ -315,14 +315,25 @@ def submit(job: JobRecord, result: Submitted | ProviderError | None, *, now: dt.
     if isinstance(result, Rejected):
         return Close(JobStatus.FAILED, JobError.SUBMIT_REJECTED, str(result))
     if isinstance(result, Transient):
-        # A zero hint is no hint: back off.
-        return Retry(attempts, str(result), after_s=result.retry_after or None)
+        return transient(result, attempts)
     if isinstance(result, Uncertain):
         if facts.idempotent_submit:
             # The same key returns the same task: asking again is safe.
             return Retry(attempts, str(result))
         return in_doubt(facts)
     raise TypeError(f"not a submit result: {type(result).__name__}")
+
+
+def transient(result: Transient, attempts: int) -> Retry:
+    """A submit or call that did not happen: asked again. Without a hint it
+    backs off and counts toward the intent's attempt cap. With the
+    provider's own Retry-After (its 429, a 503 or 529 that says when) it is
+    waited out and counts as no failed attempt: a rate limit delays jobs and
+    never fails them, the job's give-up deadline bounding the wait. A zero
+    hint is no hint."""
+    if result.retry_after:
+        return Retry(attempts, str(result), failed=False, after_s=result.retry_after)
+    return Retry(attempts, str(result))
 
 
 UNFINDABLE = "the submit's outcome is unknown and the task could not be looked up"
@@ -430,7 +441,7 @@ def sync_call(job: JobRecord, result: Observation | ProviderError | None, *, now
     if isinstance(result, Rejected):
         return Close(JobStatus.FAILED, JobError.SUBMIT_REJECTED, str(result))
     if isinstance(result, Transient):
-        return Retry(attempts, str(result), after_s=result.retry_after or None)
+        return transient(result, attempts)
     if isinstance(result, Uncertain):
         # Sent, and no answer: the provider may have done (and billed) the work.
         if facts.can_recover:

@@ -20,7 +20,14 @@ import json
 import logging
 import time
 
-from app.delivery import RETRY_FOR_S, EndpointRefused, SendFailed, is_delivered, next_attempt_in, signed_headers
+from app.delivery import (
+    EndpointRefused,
+    SendFailed,
+    is_delivered,
+    is_held_past_retries,
+    next_attempt_in,
+    signed_headers,
+)
 from app.domain import notifications
 from app.download import HostBusy
 from app.jobjson import iso, read_token, render_job, row_of_snapshot
@@ -55,7 +62,7 @@ async def notify(ctx: Context, delivery_id: int) -> Outcome:
     if row["deleted_at"] is not None:
         await _end(ctx, delivery_id, job_id, "the endpoint was deleted")
         return DONE
-    if elapsed > RETRY_FOR_S:  # its intent outlived the 24 h (settlers down for a day)
+    if is_held_past_retries(elapsed):  # its intent outlived the 24 h (settlers down for a day)
         await _end(ctx, delivery_id, job_id, "not delivered within 24 h")
         return DONE
     secret = ctx.secretbox.decrypt(row["secret"], row["endpoint_id"])

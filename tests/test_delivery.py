@@ -24,6 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from app.delivery import (
+    LAST_ATTEMPT_LATE_S,
     MAX_URL_CHARS,
     RETRY_FOR_S,
     SEND_TIMEOUT_S,
@@ -32,6 +33,7 @@ from app.delivery import (
     SendFailed,
     check_endpoint_url,
     check_resolved,
+    is_held_past_retries,
     new_secret,
     next_attempt_in,
     signed_headers,
@@ -149,24 +151,37 @@ def test_jitter_stays_within_80_to_100_percent_and_spreads():
     assert [next_attempt_in(2, SCHEDULE, 0.0, again) for _ in range(2000)] == delays
 
 
-def test_none_once_the_next_attempt_would_fall_past_24_hours():
+def test_a_gap_past_24_hours_is_cut_to_end_at_24_hours_then_none():
     rng = random.Random(3)
-    assert next_attempt_in(3, SCHEDULE, RETRY_FOR_S - 200.0, rng) is not None  # at most 120 s more
-    assert next_attempt_in(3, SCHEDULE, RETRY_FOR_S - 10.0, rng) is None  # at least 96 s more
+    delay = next_attempt_in(3, SCHEDULE, RETRY_FOR_S - 200.0, rng)
+    assert delay is not None and 96.0 <= delay <= 120.0  # the whole gap fits
+    assert next_attempt_in(3, SCHEDULE, RETRY_FOR_S - 10.0, rng) == 10.0  # cut to the mark
+    assert next_attempt_in(3, SCHEDULE, RETRY_FOR_S - 0.5, rng) == 0.5
     assert next_attempt_in(3, SCHEDULE, RETRY_FOR_S, rng) is None
     assert next_attempt_in(1, (5.0,), RETRY_FOR_S + 1, rng) is None
 
 
-def test_the_default_schedule_retries_for_a_day_and_then_stops():
+def test_the_default_schedule_retries_until_the_24_hour_mark_and_then_stops():
     schedule = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0)
     rng = random.Random(99)
     elapsed, attempts = 0.0, 0
     while (delay := next_attempt_in(attempts + 1, schedule, elapsed, rng)) is not None:
         elapsed += delay
         attempts += 1
-    assert RETRY_FOR_S - 3600.0 <= elapsed <= RETRY_FOR_S
+    assert elapsed == RETRY_FOR_S  # the last attempt at the mark, failed recorded after it
     # ~ 2555 s of the first five gaps, then one hour (less jitter) at a time
-    assert 25 <= attempts <= 35
+    assert 25 <= attempts <= 36
+
+
+@pytest.mark.parametrize(("elapsed_s", "held"), [
+    (0.0, False),
+    (RETRY_FOR_S, False),  # the last attempt, on time
+    (RETRY_FOR_S + LAST_ATTEMPT_LATE_S, False),  # ... or a little late
+    (RETRY_FOR_S + LAST_ATTEMPT_LATE_S + 1, True),  # held up past its retries
+    (3 * RETRY_FOR_S, True),
+])
+def test_an_attempt_held_up_past_the_retries_is_not_made(elapsed_s, held):
+    assert is_held_past_retries(elapsed_s) is held
 
 
 # --- signed_headers and new_secret ------------------------------------------------------

@@ -16,8 +16,8 @@ import pytest
 from app.capacity import Caps, capped_providers, caps_for, is_capped
 from app.config import load_settings
 from app.models_file import parse
-from app.vocabulary import JobError, JobStatus
-from outbox import decide
+from app.vocabulary import IntentKind, JobError, JobStatus
+from outbox import decide, policy
 from tests.outbox.conftest import assert_money_balances, server_now, wait_for_settlers, wait_for_status
 from tests.outbox.test_races import env_of, settler_process
 from tests.providers.scripted import Script
@@ -188,6 +188,38 @@ async def test_a_429_pauses_that_provider_in_every_settler_while_others_flow(
     attempts = await db.fetch("select attempts from outbox where job_id = any($1::text[])", paused)
     assert all(r["attempts"] <= 1 for r in attempts)  # a pause is not a failed attempt
 
+
+
+async def test_a_provider_that_keeps_answering_429_delays_a_job_and_never_fails_it(
+        web, make_owner, db, make_settings, start_settler, serve_script):
+    """Each 429 with Retry-After is waited out and counts as no failed
+    attempt: more of them than the submit's attempt cap (8) leave the job
+    waiting, its give-up deadline the bound, not `settle_exhausted`."""
+    script = Script()
+    script.answer(429, {"title": "Too Many Requests", "detail": "slow down", "status": 429},
+                  headers={"retry-after": "0.1"})
+    replicate = serve_script(script)
+    env = {"REPLICATE_BASE_URL": replicate.url, "REPLICATE_API_TOKEN": "r8_throttle_test"}
+    server = await web(**env)
+    await start_settler(make_settings(**env))
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        job_id = (await c.post("/v1/jobs", json={"provider": "replicate", "model": "acme/model",
+                                                 "input": {"prompt": "x"}, "max_credits": 5})).json()["id"]
+        wanted = policy.MAX_ATTEMPTS[IntentKind.SUBMIT] + 4
+        deadline = time.monotonic() + 90
+        while len([s for s in script.seen if s.method == "POST"]) < wanted:
+            assert time.monotonic() < deadline, f"{len(script.seen)} requests, then none"
+            row = await db.fetchrow("select status, error_code from jobs where id = $1", job_id)
+            assert row["status"] in (S.QUEUED, S.SUBMITTING), dict(row)
+            await asyncio.sleep(0.05)
+        row = await db.fetchrow("select status, error_code from jobs where id = $1", job_id)
+        assert row["status"] in (S.QUEUED, S.SUBMITTING) and row["error_code"] is None, dict(row)
+        assert await db.fetchval("select attempts from outbox where job_id = $1 and kind = 'submit'",
+                                 job_id) <= 1
+        cancelled = (await c.post(f"/v1/jobs/{job_id}/cancel")).json()
+    assert cancelled["status"] == S.CANCELLED and cancelled["credits"]["refunded"] == 5
+    await assert_money_balances(db)
 
 async def test_a_models_give_up_expires_its_job_while_another_models_job_runs_on(
         web, make_owner, db, sim, make_settings, start_settler, tmp_path):

@@ -494,7 +494,8 @@ SAVE_AT_STALE_CHECK = Save(SUBMITTED, callback_registered=True, first_check_afte
 SAVE_NOW = Save(SUBMITTED, callback_registered=True, first_check_after_s=0.0)
 REJECTED = Close(S.FAILED, JobError.SUBMIT_REJECTED, "422 invalid input")
 RETRY_TRANSIENT = R(3, "connection refused")
-RETRY_AFTER_HINT = R(3, "429 too many requests", after_s=7.0)
+# The provider said when: waited out, no failed attempt (the deadline bounds it).
+RETRY_AFTER_HINT = R(3, "429 too many requests", failed=False, after_s=7.0)
 RETRY_UNCERTAIN = R(3, "read timeout after the request was sent")
 
 # result, provider idempotent, provider can find, was in doubt, deadline ->

@@ -101,3 +101,41 @@ async def test_no_endpoint_no_notification_and_a_refused_create_writes_none(web,
         assert (await c.post("/v1/jobs", json=job())).status_code == 402  # refused: nothing written
     assert await db.fetchval("select count(*) from notifications") == 0
     assert await db.fetchval("select count(*) from outbox") == 0
+
+
+async def test_the_last_attempt_is_made_at_the_24_hour_mark_then_the_delivery_fails(web, make_owner, db, sim,
+                                                                                      make_settings,
+                                                                                      start_settler):
+    """CONTRACT.md: retried for 24 h from the notification's creation, then
+    recorded as failed. A gap that would end past the mark is cut to end at
+    it: one more attempt there, not a failure recorded early."""
+    with RunningReceiver(Receiver(answers=[500] * 5)) as rx:
+        env = {"SIM_URL": sim.url, "NOTIFY_ALLOWED_ORIGINS": rx.origin, "NOTIFY_RETRY_S": "3600"}
+        server = await web(**env)
+        await start_settler(make_settings(**env))
+        owner = await make_owner(credits=100)
+        async with server.client(owner.api_key) as c:
+            await c.post("/v1/webhook-endpoints", json={"url": rx.url})
+            created = (await c.post("/v1/jobs", json=job(outcome="failed"))).json()
+            await wait_until(lambda: len(rx.receiver.received) >= 1, what="the first attempt")
+            await wait_until_row(db, "select attempts from deliveries", 1)
+            # As if its retries had run for 24 h less 15 s, and the next
+            # attempt (an hour out) were due now: the one after it is cut to
+            # the mark, 15 s later (a margin no loaded machine eats).
+            await db.execute("update deliveries set retry_from = now() - interval '24 hours' + interval '15 seconds'")
+            await db.execute("update outbox set not_before = now() where kind = 'notify'")
+            await db.execute("select pg_notify('longcall_outbox', '')")
+            await wait_until(lambda: len(rx.receiver.received) >= 3, timeout=60.0, what="the attempt at the mark")
+            await wait_until_row(db, "select status from deliveries", "failed")
+            [n] = (await c.get("/v1/notifications", params={"job_id": created["id"]})).json()["notifications"]
+        [d] = n["deliveries"]
+        assert d["status"] == "failed" and d["attempts"] == 3 and d["last_status_code"] == 500
+        assert len(rx.receiver.received) == 3 and len(set(rx.receiver.ids())) == 1
+
+
+async def wait_until_row(db, query: str, value, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while (got := await db.fetchval(query)) != value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{query!r} is {got!r}, not {value!r}")
+        await asyncio.sleep(0.05)
