@@ -232,22 +232,25 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_speech(provider: str, model: str) -> bool:
-    return provider == ProviderName.ELEVENLABS and model.startswith("text-to-speech/")
+def is_sent_text(provider: str, model: str) -> bool:
+    """ElevenLabs' sync calls (speech, sound effects): measured by the
+    characters of the text sent."""
+    return provider == ProviderName.ELEVENLABS and (model.startswith("text-to-speech/")
+                                                     or model == "sound-generation")
 
 
 def provider_usage(provider: str, model: str, input_: Mapping[str, Any],
                    recorded: tuple[Usage, ...]) -> tuple[Usage, ...]:
     """The usage the provider reported, as the simulator was told to report
     it: an LLM call's tokens when its metadata set both counts, speech's
-    characters (the text's length: its `character-cost`). Otherwise what
+    and sound effects' characters (the text's length). Otherwise what
     was recorded (the simulator's own estimate, not recomputed here)."""
     if provider in LLM_PROVIDERS:
         controls = llm_controls(provider, input_)
         given, made = controls.get("input_tokens"), controls.get("output_tokens")
         if isinstance(given, int) and isinstance(made, int) and _whole(given) and _whole(made):
             return (Usage(UsageUnit.INPUT_TOKENS, float(given)), Usage(UsageUnit.OUTPUT_TOKENS, float(made)))
-    elif is_speech(provider, model) and isinstance(input_.get("text"), str):
+    elif is_sent_text(provider, model) and isinstance(input_.get("text"), str):
         return (Usage(UsageUnit.CHARACTERS, float(len(input_["text"]))),)
     return recorded
 

@@ -57,9 +57,9 @@ writes it (`true`/`false`, `3`); null leaves it out; a value of another
 type than the documented one (a string, a boolean, an integer) is refused
 before sending, as is an input without a non-empty string `text`. The
 answer is the audio, streamed to a file of ours (output 0, of the answer's
-`Content-Type`); its usage is CHARACTERS: the `character-cost` header when
-it is a whole number, else the length of `text` (speech "costs one credit
-per character"); its `request_id` the `request-id` header. A 2xx answer
+`Content-Type`); its usage is CHARACTERS: the length of the `text` sent
+(not the `character-cost` header, ElevenLabs' credits for the call); its
+`request_id` the `request-id` header. A 2xx answer
 with no byte of audio is a call whose answer we cannot use (Uncertain).
 
 A lost speech call is recovered from the speech history ("Music and SFX
@@ -89,7 +89,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -321,7 +320,6 @@ _QUERY_TYPES: dict[str, tuple[str, Any]] = {
 SPEECH_SOURCE = "TTS"
 HISTORY_PAGE_SIZE = 100
 HISTORY_ORDER = {"sort_direction": "desc"}  # newest first, said explicitly
-_WHOLE_NUMBER = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -386,11 +384,12 @@ def call_parts(job_input: Mapping[str, Any], endpoint: SyncEndpoint) -> tuple[di
     return body, query
 
 
-def characters_used(character_cost: str | None, text: str) -> float:
-    """The characters a call is charged (pure): the `character-cost` header
-    when it is a whole number, else the characters of its text."""
-    if character_cost is not None and _WHOLE_NUMBER.fullmatch(character_cost.strip()):
-        return float(int(character_cost.strip()))
+def characters_used(text: str) -> float:
+    """The characters a call is measured by (pure): those of the text sent,
+    CONTRACT.md's `1k_characters`. Not the `character-cost` header: that is
+    ElevenLabs' own credits for the call (a sound effect's by its length, a
+    model's own rate per character), which a price per character must not
+    follow."""
     return float(len(text))
 
 
@@ -606,7 +605,7 @@ class ElevenLabsProvider(Provider):
                                           content_type=response.headers.get("content-type"))
                 if file.bytes == 0:
                     raise Uncertain(f"{NAME}: the call answered HTTP {response.status_code} with no audio")
-                return answered(file, characters_used(response.headers.get("character-cost"), text),
+                return answered(file, characters_used(text),
                                 response.headers.get("request-id"), self._secrets)
         except BaseException:
             _remove(file)

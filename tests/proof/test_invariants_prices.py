@@ -324,8 +324,10 @@ def test_price_record_problems(applied, price, charged, measure, problems):
     ("anthropic", "claude-x", {"metadata": {"input_tokens": 7}}, (Usage(UsageUnit.INPUT_TOKENS, 2.0),),
      (Usage(UsageUnit.INPUT_TOKENS, 2.0),)),
     ("elevenlabs", SPEECH, {"text": "hello"}, (), (Usage(UsageUnit.CHARACTERS, 5.0),)),
+    # a sound effect too: the text's characters, whatever was recorded (its
+    # character-cost, ElevenLabs' credits for its length, is not the measure)
     ("elevenlabs", "sound-generation", {"text": "hello"}, (Usage(UsageUnit.CHARACTERS, 100.0),),
-     (Usage(UsageUnit.CHARACTERS, 100.0),)),
+     (Usage(UsageUnit.CHARACTERS, 5.0),)),
 ])
 def test_the_usage_a_provider_reported(provider, model, input_, recorded, usage):
     assert invariants.provider_usage(provider, model, input_, recorded) == usage
