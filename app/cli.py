@@ -360,8 +360,22 @@ COMMANDS = {
 }
 
 
+def is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     plugins = _plugins()
+    argv = sys.argv[1:] if argv is None else argv
+    if any(not is_utf8(arg) for arg in argv):
+        # Python hands undecodable bytes over as lone surrogates, which fail
+        # deep in an encode() later: refused here, never echoed.
+        print("longcall: an argument is not valid UTF-8", file=sys.stderr)
+        return 2
     args = _parser(plugins).parse_args(argv)
     try:
         if args.command in COMMANDS:

@@ -273,11 +273,35 @@ def _models_file(env: Mapping[str, str]) -> ModelsFile:
         raise ConfigError(str(e)) from None
 
 
+class Utf8Settings(Mapping[str, str]):
+    """The environment as load_settings reads it: a value that is not valid
+    UTF-8 (Python hands its bytes over as lone surrogates) is refused by
+    name when read, before it reaches an encode() deep in a library, and
+    never quoted: it may be a secret. Variables never read are not looked at."""
+
+    def __init__(self, env: Mapping[str, str]):
+        self._env = env
+
+    def __getitem__(self, name: str) -> str:
+        value = self._env[name]
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ConfigError(f"{name} is not valid UTF-8") from None
+        return value
+
+    def __iter__(self):
+        return iter(self._env)
+
+    def __len__(self) -> int:
+        return len(self._env)
+
+
 def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
                   require_database: bool = True) -> Settings:
     """Read and check the settings. `dev` makes up what a local run may lack
     (a SECRET_KEY, the embedded database); elsewhere they are required."""
-    env = os.environ if env is None else env
+    env = Utf8Settings(os.environ if env is None else env)
 
     database_url = env.get("DATABASE_URL") or None
     if database_url is None and require_database and not dev:
@@ -315,6 +339,14 @@ def load_settings(env: Mapping[str, str] | None = None, *, dev: bool = False,
     level = (env.get("LOG_LEVEL") or "INFO").upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise ConfigError("LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+
+    per_provider = ("GIVE_UP_AFTER_S_", "MAX_IN_FLIGHT_")
+    known = {prefix + p.upper() for prefix in per_provider for p in PROVIDERS}
+    for name in sorted(env):
+        # A mistyped provider would otherwise be a setting that never applies.
+        if name.startswith(per_provider) and name not in known:
+            raise ConfigError(f"{name} names no provider (the providers: "
+                              f"{', '.join(p.upper() for p in PROVIDERS)})")
 
     by_provider: dict[str, float] = {}
     for p in PROVIDERS:

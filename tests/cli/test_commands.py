@@ -120,6 +120,9 @@ def test_unreachable_or_missing_database(run, env, needle):
     ({"SECRET_KEY": "x" * 20, "NOTIFY_ALLOWED_ORIGINS": "http://[bad"}, "NOTIFY_ALLOWED_ORIGINS"),
     ({"SECRET_KEY": "x" * 20, "GIVE_UP_AFTER_S": "nan"}, "GIVE_UP_AFTER_S must be a number of seconds"),
     ({"SECRET_KEY": "x" * 20, "SETTLER_LEASE_S": "inf"}, "SETTLER_LEASE_S must be a number of seconds"),
+    # a mistyped provider: a setting that would never apply
+    ({"SECRET_KEY": "x" * 20, "GIVE_UP_AFTER_S_REPLICAT": "60"}, "GIVE_UP_AFTER_S_REPLICAT names no provider"),
+    ({"SECRET_KEY": "x" * 20, "MAX_IN_FLIGHT_replicate": "2"}, "MAX_IN_FLIGHT_replicate names no provider"),
 ])
 def test_configuration_is_checked_at_start(run, env, needle):
     for args in (("serve", "--port", "1"), ("settler",)):
@@ -127,6 +130,28 @@ def test_configuration_is_checked_at_start(run, env, needle):
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert p.stderr.strip().count("\n") == 0
 
+
+# Bytes that are not UTF-8 (a Latin-1 é) reach Python as a lone surrogate.
+NOT_UTF8 = "\udce9"
+
+
+@pytest.mark.parametrize("args", [
+    ("keys", "revoke", "lc_ABCDEFGHIJ" + NOT_UTF8),
+    ("owners", "create", "caf" + NOT_UTF8),
+    ("sim", "--host", NOT_UTF8, "--port", "1"),
+])
+def test_an_argument_not_utf8_is_one_line(run, args):
+    p = run(*args, env={"SECRET_KEY": "x" * 20}, ok=False)
+    assert p.returncode == 2 and p.stderr.strip() == "longcall: an argument is not valid UTF-8", p.stderr
+
+
+@pytest.mark.parametrize("name", ["SECRET_KEY", "DATABASE_URL", "ADMIN_TOKEN", "FAL_KEY"])
+def test_a_setting_not_utf8_is_named_and_never_quoted(run, migrated, name):
+    values = {"SECRET_KEY": "s3cr3t-value-" + NOT_UTF8 + "-0123456789", "DATABASE_URL": migrated + NOT_UTF8,
+              "ADMIN_TOKEN": "adm1n-" + NOT_UTF8, "FAL_KEY": "fal-" + NOT_UTF8}
+    for args in (("serve", "--port", "1"), ("settler",), ("migrate",), ("status",)):
+        p = run(*args, env={"SECRET_KEY": "x" * 20, name: values[name]}, ok=False)
+        assert p.returncode == 2 and p.stderr.strip() == f"longcall: {name} is not valid UTF-8", (args, p.stderr)
 
 @pytest.mark.parametrize("args,message", [
     (("owners", "create", "x", "--credits", str(10**12 + 1)), "--credits must be a whole number from 0 to"),
