@@ -34,10 +34,25 @@ export interface Call {
 
 export const DEFAULT_TIMEOUT_MS = 60_000;
 export const DEFAULT_MAX_RETRIES = 3;
-// A Retry-After longer than this is clamped: a client call should not hang for minutes.
-const MAX_RETRY_DELAY_S = 30;
-// Backoff after a connection error or a 503 without Retry-After: 0.5 s, 1 s, 2 s, ...
+// A server asking for a longer pause gets its error thrown instead: a client
+// call should not hang for minutes, nor ask again before the time it was given.
+export const MAX_RETRY_AFTER_S = 60;
+// Backoff after a connection error or a 502/503/504 without Retry-After: 0.5 s, 1 s, 2 s, ...
 const BACKOFF_BASE_S = 0.5;
+
+/**
+ * Seconds to wait before sending a call that is safe to send twice again
+ * after an error answer, or undefined: throw it. A 503 (the database is away;
+ * a proxy's overload) and a 429 that says when (Retry-After: the owner's
+ * slots are full) are worth waiting for; a gateway's 502/504 too (the answer
+ * may be lost after the server acted: the same idempotency key finds it).
+ */
+export function delayAfterStatus(status: number, retryAfter: number | undefined, attempt: number): number | undefined {
+  if (status === 429 && retryAfter === undefined) return undefined;
+  if (![429, 502, 503, 504].includes(status)) return undefined;
+  if (retryAfter === undefined) return backoffS(attempt);
+  return retryAfter <= MAX_RETRY_AFTER_S ? retryAfter : undefined;
+}
 
 export class Transport {
   readonly baseUrl: string;
@@ -95,10 +110,10 @@ export class Transport {
       // (A browser hides a manual redirect: an "opaqueredirect" of status 0.)
       if (call.acceptRedirect && (isRedirect(response.status) || response.type === "opaqueredirect")) return response;
       const retryAfter = retryAfterSeconds(response.headers.get("retry-after"));
-      const again = response.status === 503 || (response.status === 429 && retryAfter !== undefined);
-      if (retriesLeft && again) {
+      const delay = retriesLeft ? delayAfterStatus(response.status, retryAfter, attempt) : undefined;
+      if (delay !== undefined) {
         await response.body?.cancel();
-        await sleep(Math.min(retryAfter ?? backoffS(attempt), MAX_RETRY_DELAY_S));
+        await sleep(delay);
         continue;
       }
       throw await this.errorOf(call, response, retryAfter);

@@ -368,6 +368,39 @@ describe("retries of create, through a proxy that fails on purpose", () => {
     }
   });
 
+  test("a gateway's 502 (an HTML page) and 504 are retried with the same key", { timeout: 30_000 }, async () => {
+    const proxy = await startProxy(lc.base_url, [
+      { kind: "answer", status: 502, headers: { "Content-Type": "text/html" }, body: "<html>Bad Gateway</html>" },
+      { kind: "answer", status: 504, headers: { "Content-Type": "text/html" }, body: "<html>Gateway Timeout</html>" },
+    ]);
+    try {
+      const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key });
+      const job = await via.jobs.create({ ...QUICK_JOB, maxCredits: 2 });
+      assert.equal(proxy.seen.length, 3);
+      const keys = proxy.seen.map((s) => s.headers["idempotency-key"]);
+      assert.ok(keys[0]);
+      assert.deepEqual(keys, [keys[0], keys[0], keys[0]]);
+      assert.equal((await client.jobs.get(job.id)).id, job.id);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  test("a Retry-After over a minute is thrown at once, never asked again early", { timeout: 30_000 }, async () => {
+    const proxy = await startProxy(lc.base_url, [
+      { kind: "answer", status: 503, headers: { "Retry-After": "120" },
+        body: JSON.stringify({ error: { code: "unavailable", message: "the database is unavailable" } }) },
+    ]);
+    try {
+      const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key });
+      const err = await rejectsWith(via.account.get(), LongcallError, "unavailable", 503);
+      assert.equal(err.retryAfter, 120);
+      assert.equal(proxy.seen.length, 1);
+    } finally {
+      await proxy.close();
+    }
+  });
+
   test("an error's Retry-After is kept on the error once retries run out", { timeout: 30_000 }, async () => {
     const busy = { kind: "answer" as const, status: 503, headers: { "Retry-After": "0" },
       body: JSON.stringify({ error: { code: "unavailable", message: "the database is unavailable" } }) };
