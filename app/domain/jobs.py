@@ -209,6 +209,10 @@ async def load(conn, job_id: str) -> asyncpg.Record | None:
 # statement). The job's timeline gets that line, one per output stored and
 # one for the close;
 # the owner's endpoints get its notification (app/domain/notifications.py).
+# A close wakes the oldest waiting job of at most this many models: one of
+# them takes the freed place, the others go back to waiting (no failed
+# attempt); beyond them the 60 s safety net (app/capacity.py).
+WAKE_MODELS = 8
 _NEW_OUTPUTS = """(select coalesce(jsonb_agg(jsonb_build_object(
         'index', a.index, 'content_type', a.content_type, 'bytes', a.bytes, 'sha256', a.sha256,
         'label', a.label) order by a.index), '[]'::jsonb)
@@ -255,16 +259,25 @@ with j as (
     on conflict (job_id, index) do update set storage_key = excluded.storage_key,
         bytes = excluded.bytes, sha256 = excluded.sha256, content_type = excluded.content_type,
         label = excluded.label
-), waiting as (
+), candidates as (
     -- $17: the provider is capped, so the place this job held wakes the
-    -- oldest queued job of it whose submit waits (the same model first).
-    select o.id from j
-    join jobs q on q.provider = j.provider and q.status = '{JobStatus.QUEUED}'
-    join outbox o on o.job_id = q.id and o.kind = '{IntentKind.SUBMIT}'
-    where $17 and (o.not_before > now() or o.claimed_until is not null)
-    order by (q.model = j.model) desc, q.created_at
-    limit 1
-    for update of o skip locked
+    -- oldest queued job of it whose submit waits, of each model (the same
+    -- model first, at most {WAKE_MODELS}): a model's jobs share their caps
+    -- (its models-file entry), so the oldest job of a model whose entry is
+    -- full cannot take the place, and another model's may.
+    select id from (
+        select distinct on (q.model) o.id, q.model, q.created_at
+        from j
+        join jobs q on q.provider = j.provider and q.status = '{JobStatus.QUEUED}'
+        join outbox o on o.job_id = q.id and o.kind = '{IntentKind.SUBMIT}'
+        where $17 and (o.not_before > now() or o.claimed_until is not null)
+        order by q.model, q.created_at
+    ) oldest
+    order by (oldest.model = (select model from j)) desc, oldest.created_at
+    limit {WAKE_MODELS}
+), waiting as (
+    select o.id from outbox o where o.id in (select id from candidates)
+    for update skip locked
 ), woken as (
     update outbox o set not_before = least(o.not_before, now()), generation = o.generation + 1
     from waiting where o.id = waiting.id

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from app.capacity import Caps, capped_providers, caps_for, is_capped
+from app.capacity import CAPACITY_BACKSTOP_S, Caps, capped_providers, caps_for, is_capped
 from app.config import load_settings
 from app.models_file import parse
 from app.vocabulary import IntentKind, JobError, JobStatus
@@ -149,6 +149,41 @@ async def test_a_models_file_entry_caps_its_models_and_not_the_others(web, make_
     assert await capped == 2
     assert await free == 6  # not held back by the other model's cap
 
+
+
+async def test_a_freed_place_goes_to_a_waiting_job_that_can_take_it(web, make_owner, db, sim, make_settings,
+                                                                   start_settler, tmp_path):
+    """The provider holds 2; `held-*` 1 of them. With `held-a` running long
+    and `other-b` closing, the oldest waiting job (`held-c`, its entry
+    full) cannot take the freed place, the younger `other-d` can: it is
+    woken by the close, not by the 60 s safety net."""
+    models = tmp_path / "models.toml"
+    models.write_text('[[models]]\nprovider = "sim"\nmodel = "held-*"\nmax_in_flight = 1\n')
+    env = {"SIM_URL": sim.url, "MODELS_FILE": str(models), "MAX_IN_FLIGHT_SIM": "2"}
+    server = await web(**env)
+    await start_settler(make_settings(**env))
+    owner = await make_owner(credits=10_000, max_active=100)
+
+    async with server.client(owner.api_key) as c:
+        async def create(model: str, duration_s: float) -> str:
+            return (await c.post("/v1/jobs", json={"provider": "sim", "model": model, "max_credits": 5,
+                                                   "input": {"duration_s": duration_s}})).json()["id"]
+
+        held_a = await create("held-a", 120.0)
+        await wait_for_status(db, held_a, S.RUNNING, timeout=30)
+        other_b = await create("other-b", 3.0)
+        await wait_for_status(db, other_b, S.RUNNING, timeout=30)
+        held_c = await create("held-c", 1.0)
+        other_d = await create("other-d", 1.0)
+        await wait_for_status(db, other_b, S.SUCCEEDED, timeout=30)
+        closed_at = time.monotonic()
+        await wait_for_status(db, other_d, S.SUCCEEDED, timeout=90)
+        waited = time.monotonic() - closed_at
+        assert await db.fetchval("select status from jobs where id = $1", held_c) == S.QUEUED
+        await c.post(f"/v1/jobs/{held_a}/cancel")
+    # Woken by other-b's close (well under the 60 s safety net), then its own second.
+    assert waited < CAPACITY_BACKSTOP_S / 3, f"other-d waited {waited:.1f} s for a free place"
+    await wait_for_status(db, held_c, S.SUCCEEDED, timeout=30)
 
 async def test_a_429_pauses_that_provider_in_every_settler_while_others_flow(
         web, make_owner, db, sim, make_settings, start_settler, serve_script):
