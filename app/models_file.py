@@ -181,12 +181,29 @@ def glob_problem(glob: str) -> str | None:
     return None
 
 
+# ElevenLabs' sync models: `sound-generation` and `text-to-speech/<voice_id>`.
+ELEVENLABS_SYNC_MODEL = "sound-generation"
+ELEVENLABS_SYNC_PREFIX = "text-to-speech/"
+
+
 def may_be_sync(provider: str, glob: str) -> bool:
     """Whether an entry can match a sync model (pure): every model of a
-    sync provider; ElevenLabs' unless the glob matches `dubbing` alone."""
-    if provider_kind(provider, glob) is ProviderKind.SYNC:
+    sync provider; ElevenLabs' when the glob matches `sound-generation` or
+    may match a `text-to-speech/…` (its literal start is not another
+    word's: any model it matches begins with that start)."""
+    if provider != ProviderName.ELEVENLABS:
+        return provider_kind(provider, glob) is ProviderKind.SYNC
+    if fnmatchcase(ELEVENLABS_SYNC_MODEL, glob):
         return True
-    return provider == ProviderName.ELEVENLABS and glob != "dubbing"
+    start = glob[:min((i for i, c in enumerate(glob) if c in "*?["), default=len(glob))]
+    return ELEVENLABS_SYNC_PREFIX.startswith(start) or start.startswith(ELEVENLABS_SYNC_PREFIX)
+
+
+def entry_kind(provider: str, glob: str) -> ProviderKind:
+    """What an entry's models are, for `GET /v1/models` (pure): async when
+    no sync model can match it (ElevenLabs' `dub*`), else as its glob is
+    read as a model."""
+    return provider_kind(provider, glob) if may_be_sync(provider, glob) else ProviderKind.ASYNC
 
 
 def _number(value: Any) -> float | None:

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from app.config import ConfigError, load_settings
-from app.models_file import ModelsFileError, Price, glob_problem, parse
+from app.models_file import ModelsFileError, Price, entry_kind, glob_problem, may_be_sync, parse
 from app.providers.base import ProviderFacts, ProviderKind
 
 # The first entry is CONTRACT.md's example, verbatim (its timeout_s on an
@@ -128,6 +128,27 @@ def test_a_bad_file_is_one_line_that_says_what_and_where(text, says):
 def test_elevenlabs_dubbing_alone_is_async():
     # Dubbing is polled: its stale_after_s is not a call threshold.
     assert parse(ENTRY.format(provider="elevenlabs", model="dubbing") + "stale_after_s = 30\n").entries
+    assert parse(ENTRY.format(provider="elevenlabs", model="dub*") + "stale_after_s = 30\n").entries
+    with pytest.raises(ModelsFileError, match="shorter than the call's timeout_s"):
+        parse(ENTRY.format(provider="elevenlabs", model="text-to-*") + "stale_after_s = 30\n")
+
+
+@pytest.mark.parametrize(("provider", "glob", "sync", "kind"), [
+    ("elevenlabs", "dubbing", False, "async"),
+    ("elevenlabs", "dub*", False, "async"),  # matches dubbing alone
+    ("elevenlabs", "d?bbing", False, "async"),
+    ("elevenlabs", "sound-generation", True, "sync"),
+    ("elevenlabs", "sound-*", True, "sync"),
+    ("elevenlabs", "text-to-speech/JBFqnCBsd6RMkjVDRZzb", True, "sync"),
+    ("elevenlabs", "text-to-speech/*", True, "sync"),
+    ("elevenlabs", "text*", True, "sync"),
+    ("elevenlabs", "*", True, "sync"),  # both kinds: a call threshold must hold for its sync ones
+    ("elevenlabs", "[st]*", True, "sync"),
+    ("anthropic", "claude-*", True, "sync"),
+    ("kie", "veo/*", False, "async"),
+])
+def test_which_entries_may_match_a_sync_model(provider, glob, sync, kind):
+    assert may_be_sync(provider, glob) is sync and entry_kind(provider, glob).value == kind
 
 
 @pytest.mark.parametrize(("glob", "problem"), [

@@ -10,8 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from app.config import Settings
-from app.models_file import ModelEntry
-from app.providers.base import Provider, provider_kind
+from app.models_file import ModelEntry, entry_kind
+from app.providers.base import Provider
 from app.web.auth import require_owner
 
 
@@ -29,7 +29,7 @@ def entry_view(entry: ModelEntry, settings: Settings, providers: dict[str, Provi
         price = {"credits": int(credits) if credits == credits.to_integral_value() else float(credits),
                  "per": entry.price.per}
     return {"provider": entry.provider, "model": entry.model, "price": price, "give_up_after_s": give_up,
-            "kind": provider_kind(entry.provider, entry.model).value}
+            "kind": entry_kind(entry.provider, entry.model).value}
 
 
 async def list_models(request: Request) -> JSONResponse:
