@@ -17,14 +17,16 @@ class InvalidState(Exception):
 
 
 def is_task_id(task_id: str) -> bool:
-    """An operator's provider task id: 1 to 500 characters, not blank (the
-    settle step would ask the provider for a task named by nothing)."""
-    return 0 < len(task_id) <= MAX_PROVIDER_TASK_ID and not task_id.isspace()
+    """An operator's provider task id: 1 to 500 printable characters, not
+    blank (the settle step would ask the provider for a task named by
+    nothing, or by a line break no provider's ids hold). One rule for the
+    admin API, the console and `longcall jobs resolve`."""
+    return 0 < len(task_id) <= MAX_PROVIDER_TASK_ID and task_id.isprintable() and not task_id.isspace()
 
 
 async def resolve_with_task(conn, job_id: str, task_id: str, first_check_after_s: float = 0.0) -> None:
     if not is_task_id(task_id):
-        raise ValueError(f"a provider task id is 1 to {MAX_PROVIDER_TASK_ID} characters, not blank")
+        raise ValueError(f"a provider task id is 1 to {MAX_PROVIDER_TASK_ID} printable characters, not blank")
     async with conn.transaction():
         # Checked under the row lock first: save_task also records a task id
         # on a job closed meanwhile (and asks the provider to cancel it),

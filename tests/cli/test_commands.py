@@ -120,6 +120,7 @@ def test_unreachable_or_missing_database(run, env, needle):
     ({"SECRET_KEY": "x" * 20, "NOTIFY_ALLOWED_ORIGINS": "http://[bad"}, "NOTIFY_ALLOWED_ORIGINS"),
     ({"SECRET_KEY": "x" * 20, "GIVE_UP_AFTER_S": "nan"}, "GIVE_UP_AFTER_S must be a number of seconds"),
     ({"SECRET_KEY": "x" * 20, "SETTLER_LEASE_S": "inf"}, "SETTLER_LEASE_S must be a number of seconds"),
+    ({"SECRET_KEY": "x" * 20, "S3_ENDPOINT_URL": "not a url"}, "S3_ENDPOINT_URL must be an http(s) URL"),
     # a mistyped provider: a setting that would never apply
     ({"SECRET_KEY": "x" * 20, "GIVE_UP_AFTER_S_REPLICAT": "60"}, "GIVE_UP_AFTER_S_REPLICAT names no provider"),
     ({"SECRET_KEY": "x" * 20, "MAX_IN_FLIGHT_replicate": "2"}, "MAX_IN_FLIGHT_replicate names no provider"),
@@ -159,6 +160,7 @@ def test_a_setting_not_utf8_is_named_and_never_quoted(run, migrated, name):
     (("owners", "create", "   "), "NAME must be 1 to 200 characters, not blank"),
     (("jobs", "resolve", "job_000000000000000000000000", "--task-id", "   "), "a provider task id is 1 to 500"),
     (("jobs", "resolve", "job_000000000000000000000000", "--task-id", "x" * 501), "a provider task id is 1 to 500"),
+    (("jobs", "resolve", "job_000000000000000000000000", "--task-id", "ab\ncd"), "a provider task id is 1 to 500"),
 ])
 def test_values_out_of_range_say_what_range(run, db, args, message):
     p = run(*args, ok=False)

@@ -118,7 +118,10 @@ async def test_hostile_admin_resolve_body_is_a_400(web, make_owner, db, problems
     async with server.client("test-admin-token") as admin:
         for body, message in ((b'{"provider_task_id": "t\\u0000"}', "provider_task_id must not contain NUL"),
                               (b'{"provider_task_id": "\\udc00"}', "provider_task_id must not contain lone"),
-                              (b'{"outcome": "failed", "x": 1e999}', "x must be a finite number")):
+                              (b'{"outcome": "failed", "x": 1e999}', "x must be a finite number"),
+                              # a line break in a task id: refused as the console and the CLI refuse it
+                              (b'{"provider_task_id": "ab\\ncd"}', 'body must be {"provider_task_id": "..."}'),
+                              (b'{"provider_task_id": "ab\\tcd"}', 'body must be {"provider_task_id": "..."}')):
             r = await admin.post(f"/v1/admin/jobs/{job_id}/resolve", content=body)
             assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
     assert await db.fetchval("select status from jobs where id = $1", job_id) == JobStatus.UNCERTAIN

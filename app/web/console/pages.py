@@ -192,9 +192,17 @@ async def owner(request: Request, session: Session) -> Response:
         rows = await jobs.list_jobs(conn, owner_id, status=status_filter, limit=JOBS_PER_PAGE + 1, after=after)
     shown = rows[:JOBS_PER_PAGE]
     more = encode_cursor(shown[-1]) if len(rows) > JOBS_PER_PAGE else None
+    # The grant's one-time key is made here, with the form, and rides in the
+    # confirmation page's URL: that page loaded again (Back, a reload) keeps
+    # it, so confirming twice moves the money once.
     return page(request, "owner.html", {**found, "jobs": shown, "next_cursor": more, "status_filter": status_filter,
-                                        "statuses": [str(s) for s in ALL_STATUSES], "done": done_message(request)},
+                                        "statuses": [str(s) for s in ALL_STATUSES], "done": done_message(request),
+                                        "grant_key": new_grant_key()},
                 session=session)
+
+
+def new_grant_key() -> str:
+    return "console-" + secrets.token_hex(16)
 
 
 @operator_page
@@ -210,8 +218,15 @@ async def confirm_grant(request: Request, session: Session) -> Response:
         found = await operator.owner(conn, owner_id, grants=0)
     if found is None:
         return not_found_page(request, session, "owner")
-    # The grant's one-time key: submitting this page twice moves the money once.
-    key = "console-" + secrets.token_hex(16)
+    # The grant's one-time key, from the owner page's form: submitting this
+    # page twice, or again after loading it again, moves the money once.
+    if "grant_key" in request.query_params:
+        try:
+            key = forms.parse_grant_key(request.query_params["grant_key"])
+        except forms.FormError as e:
+            return message_page(request, session, "Cannot grant", str(e), 400, back=f"/console/owners/{owner_id}")
+    else:
+        key = new_grant_key()
     return page(request, "confirm_grant.html", {"owner": found["owner"], "wanted": grant, "grant_key": key},
                 session=session)
 

@@ -5,6 +5,7 @@ a lost answer never makes a second job; a cancel is never sent twice."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from client_support import DROP, FAST, FORWARD, FORWARD_THEN_DROP, POOL_CREDITS, SLOW, Loopback, Reply
@@ -178,5 +179,6 @@ async def test_wait_long_polls_with_at_most_30_seconds(make_api):
         from longcall_client import _core as core
 
         assert core.poll_seconds(1000) == 30 and core.poll_seconds(12.34567) == 12.345 and core.poll_seconds(-1) == 0
+        assert core.poll_seconds(math.inf) == 30  # wait(job_id, math.inf): long polls until it changes
     finally:
         server.close()

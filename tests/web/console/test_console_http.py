@@ -374,7 +374,18 @@ async def test_a_grant_moves_once_per_confirmation(web, make_owner, db):
         assert changed.status_code == 409
         # A new confirmation is a new grant.
         assert (await console.submit(confirm_path, f"/console/owners/{owner.owner_id}/grant")).status_code == 303
-    assert await money(db, owner.owner_id) == (180, 180, 0, 0, 3)
+        assert await money(db, owner.owner_id) == (180, 180, 0, 0, 3)
+        # The owner page's form makes the key: its confirmation loaded twice
+        # (Back) and confirmed each time is one grant.
+        key = hidden_fields(await console.page(f"/console/owners/{owner.owner_id}"),
+                            f"/console/owners/{owner.owner_id}/grant")["grant_key"]
+        keyed_path = f"/console/owners/{owner.owner_id}/grant?grant_key={key}&credits=7&reason=back"
+        for done in ("granted", "grant_replayed"):
+            answer = await console.submit(keyed_path, f"/console/owners/{owner.owner_id}/grant")
+            assert answer.headers["location"].endswith(f"done={done}")
+        assert await money(db, owner.owner_id) == (187, 187, 0, 0, 4)
+        bad = await console.http.get(f"/console/owners/{owner.owner_id}/grant?grant_key=nope&credits=7")
+        assert bad.status_code == 400
 
 
 @pytest.mark.parametrize("credits", ["0", "-10", "abc", "1.5", str(10**12 + 1), ""])

@@ -349,7 +349,9 @@ def poll_seconds(remaining: float) -> float:
     """The `?wait=` of the next long poll with `remaining` seconds left (0: read at once)."""
     if remaining <= 0:
         return 0.0
-    return min(MAX_WAIT_S, math.floor(remaining * 1000) / 1000)
+    if remaining >= MAX_WAIT_S:  # math.inf included (floor would raise)
+        return MAX_WAIT_S
+    return math.floor(remaining * 1000) / 1000
 
 
 def _format_seconds(value: float) -> str:
