@@ -149,10 +149,18 @@ class Owner:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__})
 
 
+def is_owner_name(name: str) -> bool:
+    """An owner's name: 1 to 200 printable characters, not blank (it is
+    shown in listings, the console and `longcall status`, where a line
+    break or a control character would pass for something else). Pure; one
+    rule for the CLI and `POST /v1/owners`."""
+    return 0 < len(name) <= MAX_OWNER_NAME and name.isprintable() and not name.isspace()
+
+
 async def create_owner(conn: asyncpg.Connection, name: str, credits: int = 0,
                        max_active: int = 10, *, platform: bool = False) -> NewOwner:
-    if not name.strip() or len(name) > MAX_OWNER_NAME:
-        raise ValueError(f"NAME must be 1 to {MAX_OWNER_NAME} characters, not blank")
+    if not is_owner_name(name):
+        raise ValueError(f"NAME must be 1 to {MAX_OWNER_NAME} printable characters, not blank")
     if not 0 <= credits <= MAX_GRANT:
         raise ValueError(f"--credits must be a whole number from 0 to {MAX_GRANT}")
     if not 0 <= max_active <= MAX_OWNER_ACTIVE:

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from app import ids
 from app.domain import owners
-from app.domain.owners import MAX_GRANT, MAX_OWNER_ACTIVE, MAX_OWNER_NAME
+from app.domain.owners import MAX_GRANT, MAX_OWNER_ACTIVE, MAX_OWNER_NAME, is_owner_name
 from app.jobjson import iso
 from app.vocabulary import ApiErrorCode
 from app.web.auth import require_platform
@@ -47,8 +47,8 @@ def validate_new_owner(body: dict) -> tuple[str, int, int]:
     """(name, credits, max_active) of a `POST /v1/owners` body (pure)."""
     _refuse_unknown_fields(body, OWNER_FIELDS)
     name = body.get("name")
-    if not isinstance(name, str) or not name.strip() or len(name) > MAX_OWNER_NAME:
-        raise invalid(f"name must be a non-empty string of at most {MAX_OWNER_NAME} characters")
+    if not isinstance(name, str) or not is_owner_name(name):
+        raise invalid(f"name must be a string of 1 to {MAX_OWNER_NAME} printable characters, not blank")
     credits = body.get("credits", 0)
     if not _whole(credits) or not 0 <= credits <= MAX_GRANT:
         raise invalid(f"credits must be a whole number from 0 to {MAX_GRANT}")

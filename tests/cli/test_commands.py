@@ -157,7 +157,7 @@ def test_a_setting_not_utf8_is_named_and_never_quoted(run, migrated, name):
 @pytest.mark.parametrize("args,message", [
     (("owners", "create", "x", "--credits", str(10**12 + 1)), "--credits must be a whole number from 0 to"),
     (("owners", "create", "x", "--max-active", "99999999999999"), "--max-active must be a whole number from 0"),
-    (("owners", "create", "   "), "NAME must be 1 to 200 characters, not blank"),
+    (("owners", "create", "   "), "NAME must be 1 to 200 printable characters, not blank"),
     (("jobs", "resolve", "job_000000000000000000000000", "--task-id", "   "), "a provider task id is 1 to 500"),
     (("jobs", "resolve", "job_000000000000000000000000", "--task-id", "x" * 501), "a provider task id is 1 to 500"),
     (("jobs", "resolve", "job_000000000000000000000000", "--task-id", "ab\ncd"), "a provider task id is 1 to 500"),

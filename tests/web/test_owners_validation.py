@@ -11,6 +11,7 @@ from app.web.owners import MAX_GRANT_REASON, validate_grant, validate_new_owner
 
 @pytest.mark.parametrize(("body", "expected"), [
     ({"name": "alice"}, ("alice", 0, 10)),
+    ({"name": "Zoë’s café ✓"}, ("Zoë’s café ✓", 0, 10)),
     ({"name": "alice", "credits": 0, "max_active": 0}, ("alice", 0, 0)),
     ({"name": "a" * 200, "credits": MAX_CREDITS, "max_active": MAX_OWNER_ACTIVE},
      ("a" * 200, MAX_CREDITS, MAX_OWNER_ACTIVE)),
@@ -24,6 +25,8 @@ def test_a_new_owner(body, expected):
     ({"name": ""}, "name"),
     ({"name": "   "}, "name"),
     ({"name": "a" * 201}, "name"),
+    ({"name": "Alice\nBob"}, "printable"),  # a line break would pass for two owners in a listing
+    ({"name": "a\x1b[31m"}, "printable"),
     ({"name": 5}, "name"),
     ({"name": "a", "credits": -1}, "credits"),
     ({"name": "a", "credits": MAX_CREDITS + 1}, "credits"),
