@@ -153,6 +153,11 @@ async def confirm_resolve(request: Request, session: Session) -> Response:
         found = await operator.job(conn, job_id)
     if found is None:
         return not_found_page(request, session, "job")
+    if found["job"]["status"] != JobStatus.UNCERTAIN:
+        # A stale tab or a typed URL: no confirmation of what would be refused.
+        return message_page(request, session, "Cannot resolve",
+                            f"Only an uncertain job can be resolved; this one is {found['job']['status']}.", 409,
+                            back=f"/console/jobs/{job_id}")
     return page(request, "confirm_resolve.html", {"job": found["job"], "resolution": resolution},
                 session=session)
 
