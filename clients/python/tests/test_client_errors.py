@@ -56,6 +56,15 @@ async def test_a_bad_body_is_invalid_request(api, longcall):
         await api.jobs.list(limit=1000)
 
 
+@pytest.mark.parametrize("key", ["clé", "", "   ", "a\nb", "k" * 256])
+async def test_a_key_that_is_not_printable_ascii_is_refused_before_anything_is_sent(api, longcall, key):
+    before = await api.account.get()
+    with pytest.raises(LongcallError) as caught:
+        await api.jobs.create("sim", "image-fast", FAST, max_credits=1, idempotency_key=key)
+    assert_error(caught, InvalidRequest, "invalid_request", None, longcall.api_key)
+    assert await api.account.get() == before
+
+
 async def test_an_unknown_provider(api, longcall):
     with pytest.raises(LongcallError) as caught:
         await api.jobs.create("no-such-provider", "m", {}, max_credits=1)

@@ -1,7 +1,7 @@
 // The client: one resource object per part of the API, each method one documented route.
 // Methods return the API's JSON as it is (snake_case fields), typed in ./types.ts.
 
-import { ConnectionError, LongcallError } from "./errors.js";
+import { ConnectionError, InvalidRequestError, LongcallError } from "./errors.js";
 import { type DownloadedOutput, writeDownload } from "./files.js";
 import { type FetchLike, Transport, sleep } from "./http.js";
 import type {
@@ -154,7 +154,7 @@ export class Jobs {
   constructor(private readonly http: Transport) {}
 
   /** POST /v1/jobs. The same key and payload give back the same job (200), never a second one. */
-  create(params: CreateJobParams): Promise<Job> {
+  async create(params: CreateJobParams): Promise<Job> {
     const body: Record<string, unknown> = {
       provider: params.provider,
       model: params.model,
@@ -162,7 +162,7 @@ export class Jobs {
       max_credits: params.maxCredits,
     };
     if (params.metadata !== undefined) body.metadata = params.metadata;
-    const key = params.idempotencyKey ?? globalThis.crypto.randomUUID();
+    const key = idempotencyKeyOf(params.idempotencyKey);
     return this.http.json<Job>({
       method: "POST", path: "/v1/jobs", body, headers: { "Idempotency-Key": key }, retry: true, ...common(params),
     });
@@ -330,11 +330,11 @@ export class Owners {
   constructor(private readonly http: Transport) {}
 
   /** POST /v1/owners. The same key and body give back the same owner (200), never a second one. */
-  create(params: CreateOwnerParams): Promise<Owner> {
+  async create(params: CreateOwnerParams): Promise<Owner> {
     const body: Record<string, unknown> = { name: params.name };
     if (params.credits !== undefined) body.credits = params.credits;
     if (params.maxActive !== undefined) body.max_active = params.maxActive;
-    const key = params.idempotencyKey ?? globalThis.crypto.randomUUID();
+    const key = idempotencyKeyOf(params.idempotencyKey);
     return this.http.json<Owner>({
       method: "POST", path: "/v1/owners", body, headers: { "Idempotency-Key": key }, retry: true,
       ...platformCommon(params),
@@ -356,13 +356,26 @@ export class Owners {
 
   /** POST /v1/owners/{id}/grants: adds `credits` (negative takes them back) and answers the owner after it.
    * Taking back more than its balance is InsufficientCreditsError, and nothing changes. */
-  grant(ownerId: string, credits: number, options: GrantOptions = {}): Promise<Owner> {
+  async grant(ownerId: string, credits: number, options: GrantOptions = {}): Promise<Owner> {
     const body: Record<string, unknown> = { credits };
     if (options.reason !== undefined) body.reason = options.reason;
-    const key = options.idempotencyKey ?? globalThis.crypto.randomUUID();
+    const key = idempotencyKeyOf(options.idempotencyKey);
     return this.http.json<Owner>({
       method: "POST", path: `/v1/owners/${segment(ownerId, "ownerId")}/grants`, body,
       headers: { "Idempotency-Key": key }, retry: true, ...platformCommon(options),
     });
   }
+}
+
+/**
+ * The key a create or grant sends: the one given, checked here as the API checks it (1 to 255
+ * printable ASCII characters once trimmed), since another could not even be sent as a header;
+ * or a new UUID.
+ */
+function idempotencyKeyOf(given: string | undefined): string {
+  if (given === undefined) return globalThis.crypto.randomUUID();
+  if (!/^[\x20-\x7e]{1,255}$/.test(given.trim())) {
+    throw new InvalidRequestError("invalid_request", "idempotencyKey must be 1 to 255 printable ASCII characters", 0);
+  }
+  return given;
 }

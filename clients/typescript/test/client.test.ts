@@ -213,6 +213,15 @@ describe("jobs", () => {
       "idempotency_conflict", 409);
     await client.jobs.cancel(one.id);
   });
+
+  test("a key that is not 1 to 255 printable ASCII characters is refused before anything is sent", async () => {
+    const before = await client.account.get();
+    for (const key of ["clé", "", "   ", "a\nb", "k".repeat(256)]) {
+      await rejectsWith(client.jobs.create({ ...QUICK_JOB, maxCredits: 1, idempotencyKey: key }), InvalidRequestError,
+        "invalid_request", 0);
+    }
+    assert.deepEqual(await client.account.get(), before);
+  });
 });
 
 describe("errors", () => {

@@ -22,7 +22,7 @@ from urllib.parse import quote, urljoin
 
 import httpx
 
-from longcall_client.errors import APIConnectionError, LongcallError, UnexpectedResponse, error_for
+from longcall_client.errors import APIConnectionError, InvalidRequest, LongcallError, UnexpectedResponse, error_for
 from longcall_client.models import DownloadedOutput
 
 VERSION = "0.1.0"
@@ -95,13 +95,27 @@ def _owner_header(owner: str | None) -> dict[str, str]:
 
 # ------------------------------------------------------------------ calls
 
+_IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,255}")
+
+
+def idempotency_key_of(given: str | None) -> str:
+    """The key a create or grant sends: `given`, checked here as the API
+    checks it (1 to 255 printable ASCII characters once stripped), since
+    another key could not even be sent as a header; or a new UUID."""
+    if given is None:
+        return str(uuid.uuid4())
+    if not _IDEMPOTENCY_KEY.fullmatch(given.strip()):
+        raise InvalidRequest("invalid_request", "idempotency_key must be 1 to 255 printable ASCII characters", None)
+    return given
+
+
 def create_job(provider: str, model: str, input: dict[str, Any], max_credits: int, metadata: dict[str, Any] | None,
                idempotency_key: str | None, owner: str | None) -> Call:
     body: dict[str, Any] = {"provider": provider, "model": model, "input": input, "max_credits": max_credits}
     if metadata is not None:
         body["metadata"] = metadata
     # Made once per create, so every resend of this Call carries the same key.
-    key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+    key = idempotency_key_of(idempotency_key)
     return Call("POST", "/v1/jobs", "safe", body=body, headers={"Idempotency-Key": key, **_owner_header(owner)})
 
 
@@ -175,7 +189,7 @@ def create_owner(name: str, credits: int | None, max_active: int | None, idempot
         body["credits"] = credits
     if max_active is not None:
         body["max_active"] = max_active
-    key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+    key = idempotency_key_of(idempotency_key)
     return Call("POST", "/v1/owners", "safe", body=body, headers={"Idempotency-Key": key}, acts_for_owner=False)
 
 
@@ -192,7 +206,7 @@ def grant_credits(owner_id: str, credits: int, reason: str | None, idempotency_k
     body: dict[str, Any] = {"credits": credits}
     if reason is not None:
         body["reason"] = reason
-    key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+    key = idempotency_key_of(idempotency_key)
     return Call("POST", f"/v1/owners/{_segment(owner_id)}/grants", "safe", body=body,
                 headers={"Idempotency-Key": key}, acts_for_owner=False)
 
