@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import asyncpg
 
-from app.config import ConfigError, Settings, load_settings, port_argument
+from app.config import ConfigError, Settings, is_utf8, load_settings, port_argument
 
 
 class CommandError(Exception):
@@ -360,20 +360,11 @@ COMMANDS = {
 }
 
 
-def is_utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     plugins = _plugins()
     argv = sys.argv[1:] if argv is None else argv
     if any(not is_utf8(arg) for arg in argv):
-        # Python hands undecodable bytes over as lone surrogates, which fail
-        # deep in an encode() later: refused here, never echoed.
+        # Refused here, never echoed (config.is_utf8).
         print("longcall: an argument is not valid UTF-8", file=sys.stderr)
         return 2
     args = _parser(plugins).parse_args(argv)

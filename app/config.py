@@ -273,21 +273,29 @@ def _models_file(env: Mapping[str, str]) -> ModelsFile:
         raise ConfigError(str(e)) from None
 
 
+def is_utf8(text: str) -> bool:
+    """Whether `text` came from valid UTF-8: Python hands an argument's or a
+    variable's undecodable bytes over as lone surrogates, which fail later
+    deep in an encode(). Pure."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class Utf8Settings(Mapping[str, str]):
     """The environment as load_settings reads it: a value that is not valid
-    UTF-8 (Python hands its bytes over as lone surrogates) is refused by
-    name when read, before it reaches an encode() deep in a library, and
-    never quoted: it may be a secret. Variables never read are not looked at."""
+    UTF-8 is refused by name when read, and never quoted: it may be a
+    secret. Variables never read are not looked at."""
 
     def __init__(self, env: Mapping[str, str]):
         self._env = env
 
     def __getitem__(self, name: str) -> str:
         value = self._env[name]
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            raise ConfigError(f"{name} is not valid UTF-8") from None
+        if not is_utf8(value):
+            raise ConfigError(f"{name} is not valid UTF-8")
         return value
 
     def __iter__(self):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from app.config import ConfigError, load_settings
+from app.config import ConfigError, is_utf8, load_settings
 from app.providers import build_providers, close_providers
 from app.storage import FileLocation, S3Location, StorageUrlError, parse_storage_url
 
@@ -248,3 +248,20 @@ def test_the_default_storage_url_survives_an_odd_working_directory(monkeypatch, 
     monkeypatch.chdir(odd)
     configured = load_settings({"SECRET_KEY": BASE["SECRET_KEY"]}, require_database=False)
     assert parse_storage_url(configured.storage_url) == FileLocation(str(odd / ".longcall" / "objects"))
+
+
+@pytest.mark.parametrize(("text", "utf8"), [
+    ("", True), ("plain", True), ("café ✓ 😀", True),
+    ("caf\udce9", False),  # a Latin-1 é in the environment or argv: a lone surrogate
+    ("\udcff\udcfe", False), ("\ud83d", False),
+])
+def test_what_came_from_valid_utf8(text, utf8):
+    assert is_utf8(text) is utf8
+
+
+def test_a_setting_not_utf8_is_refused_by_name_only_when_read():
+    base = {"DATABASE_URL": "postgresql://x/y", "SECRET_KEY": "k" * 32}
+    with pytest.raises(ConfigError) as caught:
+        load_settings({**base, "ADMIN_TOKEN": "s3cr3t\udce9"})
+    assert str(caught.value) == "ADMIN_TOKEN is not valid UTF-8"
+    assert load_settings({**base, "SOMETHING_ELSE": "\udce9"}).admin_token is None  # never read, never refused
