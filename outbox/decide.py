@@ -332,7 +332,8 @@ def transient(result: Transient, attempts: int) -> Retry:
     never fails them, the job's give-up deadline bounding the wait. A zero
     hint is no hint."""
     if result.retry_after:
-        return Retry(attempts, str(result), failed=False, after_s=result.retry_after)
+        return Retry(attempts, str(result), failed=False,
+                     after_s=max(result.retry_after, policy.MIN_ASKED_WAIT_S))
     return Retry(attempts, str(result))
 
 

@@ -14,6 +14,10 @@ from app.vocabulary import IntentKind
 # its delivery's schedule, outbox/notify.py): exhausted, the delivery fails.
 MAX_ATTEMPTS = {IntentKind.SUBMIT: 8, IntentKind.SETTLE: 10, IntentKind.CANCEL: 5, IntentKind.NOTIFY: 10}
 NOT_YET_SUBMITTED_RETRY_S = 2.0  # settle asked before the task id is saved
+# A provider's Retry-After is waited out without counting a failed attempt
+# (outbox/decide.transient), so a hint below this (a fraction of a second)
+# would have us ask it again and again: the floor of such a wait.
+MIN_ASKED_WAIT_S = 1.0
 HOST_BUSY_RETRY_S = 5.0  # an output's host had no download place free: look again (no failure)
 IN_DOUBT_FIND_ATTEMPTS = 3
 # A sync call's answer lives only in its worker's file: storing it is tried

@@ -627,6 +627,12 @@ def test_a_submit_saved_without_a_webhook_is_polled():
     assert got == Save(SUBMITTED, callback_registered=False, first_check_after_s=2.0)
 
 
+def test_a_retry_after_below_a_second_is_waited_a_second():
+    got = decide.submit(job(S.SUBMITTING), Transient("429", retry_after=0.001), now=NOW, attempts=ATTEMPTS,
+                        facts=FACTS, callback_url=CALLBACK)
+    assert got == R(3, "429", failed=False, after_s=1.0)
+
+
 def test_a_zero_retry_after_is_no_hint():
     got = decide.submit(job(S.SUBMITTING), Transient("429", retry_after=0.0), now=NOW, attempts=ATTEMPTS,
                         facts=FACTS, callback_url=CALLBACK)
