@@ -25,7 +25,7 @@ import {
 
 import { type Longcall, QUICK_JOB, startLongcall } from "./support/longcall.js";
 import type { Running } from "./support/process.js";
-import { startProxy } from "./support/proxy.js";
+import { type Action, startProxy } from "./support/proxy.js";
 import { type Receiver, startReceiver } from "./support/receiver.js";
 
 const CREDITS = 100_000;
@@ -54,6 +54,22 @@ function sha256(bytes: Uint8Array): string {
 }
 
 /** Rejects with `Class`, and its message never holds the API key. */
+/** A create through a proxy that first answers `failures` (two): sent three times with one key, one job. */
+async function createsOnceAfter(failures: Action[]): Promise<void> {
+  const proxy = await startProxy(lc.base_url, failures);
+  try {
+    const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key });
+    const job = await via.jobs.create({ ...QUICK_JOB, maxCredits: 2 });
+    assert.equal(proxy.seen.length, 3);
+    const keys = proxy.seen.map((s) => s.headers["idempotency-key"]);
+    assert.ok(keys[0]);
+    assert.deepEqual(keys, [keys[0], keys[0], keys[0]]);
+    assert.equal((await client.jobs.get(job.id)).id, job.id);
+  } finally {
+    await proxy.close();
+  }
+}
+
 async function rejectsWith(promise: Promise<unknown>, Class: typeof LongcallError, code: string, status: number) {
   const err = await promise.then(() => assert.fail(`expected ${Class.name}`), (e: unknown) => e);
   assert.ok(err instanceof Class, `expected ${Class.name}, got ${String(err)}`);
@@ -288,23 +304,12 @@ describe("account and models", () => {
 
 describe("retries of create, through a proxy that fails on purpose", () => {
   test("a 503 and a 429 with Retry-After are retried with the same key", { timeout: 30_000 }, async () => {
-    const proxy = await startProxy(lc.base_url, [
+    await createsOnceAfter([
       { kind: "answer", status: 503, headers: { "Retry-After": "0" },
         body: JSON.stringify({ error: { code: "unavailable", message: "the database is unavailable" } }) },
       { kind: "answer", status: 429, headers: { "Retry-After": "1" },
         body: JSON.stringify({ error: { code: "capacity_exhausted", message: "busy" } }) },
     ]);
-    try {
-      const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key });
-      const job = await via.jobs.create({ ...QUICK_JOB, maxCredits: 2 });
-      assert.equal(proxy.seen.length, 3);
-      const keys = proxy.seen.map((s) => s.headers["idempotency-key"]);
-      assert.ok(keys[0]);
-      assert.deepEqual(keys, [keys[0], keys[0], keys[0]]);
-      assert.equal((await client.jobs.get(job.id)).id, job.id);
-    } finally {
-      await proxy.close();
-    }
   });
 
   test("an answer lost after the job was created: the retry gets the same job", { timeout: 30_000 }, async () => {
@@ -378,21 +383,10 @@ describe("retries of create, through a proxy that fails on purpose", () => {
   });
 
   test("a gateway's 502 (an HTML page) and 504 are retried with the same key", { timeout: 30_000 }, async () => {
-    const proxy = await startProxy(lc.base_url, [
+    await createsOnceAfter([
       { kind: "answer", status: 502, headers: { "Content-Type": "text/html" }, body: "<html>Bad Gateway</html>" },
       { kind: "answer", status: 504, headers: { "Content-Type": "text/html" }, body: "<html>Gateway Timeout</html>" },
     ]);
-    try {
-      const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key });
-      const job = await via.jobs.create({ ...QUICK_JOB, maxCredits: 2 });
-      assert.equal(proxy.seen.length, 3);
-      const keys = proxy.seen.map((s) => s.headers["idempotency-key"]);
-      assert.ok(keys[0]);
-      assert.deepEqual(keys, [keys[0], keys[0], keys[0]]);
-      assert.equal((await client.jobs.get(job.id)).id, job.id);
-    } finally {
-      await proxy.close();
-    }
   });
 
   test("a Retry-After over a minute is thrown at once, never asked again early", { timeout: 30_000 }, async () => {
