@@ -181,8 +181,8 @@ async def test_a_freed_place_goes_to_a_waiting_job_that_can_take_it(web, make_ow
         waited = time.monotonic() - closed_at
         assert await db.fetchval("select status from jobs where id = $1", held_c) == S.QUEUED
         await c.post(f"/v1/jobs/{held_a}/cancel")
-    # Woken by other-b's close (well under the 60 s safety net), then its own second.
-    assert waited < CAPACITY_BACKSTOP_S / 3, f"other-d waited {waited:.1f} s for a free place"
+    # Woken by other-b's close, then its own second; the safety net would take about 57 s here.
+    assert waited < CAPACITY_BACKSTOP_S / 2, f"other-d waited {waited:.1f} s for a free place"
     await wait_for_status(db, held_c, S.SUCCEEDED, timeout=30)
 
 async def test_a_429_pauses_that_provider_in_every_settler_while_others_flow(
