@@ -151,11 +151,22 @@ async def save_submitted(ctx: Context, job_id: str, submitted: Submitted, *, cal
             first_check_after_s=first_check_after_s, from_statuses=from_statuses)
 
 
+# A submit's own answer (or the look-up's find) is the job's task: taken
+# also by a job gone uncertain meanwhile (another settler, after this one's
+# lease lapsed, could not find the task and gave up looking).
+TAKES_ITS_ANSWER = (JobStatus.SUBMITTING, JobStatus.UNCERTAIN)
+
+
 async def _save(ctx: Context, job: JobRecord, provider, save: decide.Save) -> Outcome:
     result = await save_submitted(ctx, job.id, save.submitted, callback_registered=save.callback_registered,
-                                  first_check_after_s=save.first_check_after_s)
+                                  first_check_after_s=save.first_check_after_s, from_statuses=TAKES_ITS_ANSWER)
     if result is jobs.Saved.ON_CLOSED_JOB:
         log.info("task saved on a closed job; provider cancel queued",
                  extra={"job_id": job.id, "provider": provider.name})
+    elif result is jobs.Saved.LOST:
+        # Running with another task (an operator's resolve): this one is
+        # named for an operator to stop (a task id is no secret).
+        log.warning("a second task for a running job was not saved",
+                    extra={"job_id": job.id, "provider": provider.name, "task_id": save.submitted.task_id})
     # The save dropped the submit intent (as the close of a closed job had).
     return DONE if result is jobs.Saved.LOST else GONE

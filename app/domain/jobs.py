@@ -435,19 +435,28 @@ SUBMIT_SETTLED = "update jobs set submit_in_doubt = false, last_error = $2, upda
 # provider is asked to cancel it. Either way the timeline says so; a job
 # now running is notified, and its submit intent, done, is deleted here
 # (the settler then has nothing to delete).
+#
+# One UPDATE for both cases, so that a close committed while it waited for
+# the row lock is seen: PostgreSQL re-checks a locked row's new version
+# against the statement's own WHERE only. As two UPDATEs (one for each case)
+# the closed case judged the row by the statement's snapshot, where the job
+# was still submitting, and the task id was lost with no provider cancel
+# (tests/outbox/test_races.py: 46 of 300 saves racing a cancel).
+_TAKES_TASK = "status = any($7::text[])"
 SAVE_TASK = f"""
-with to_running as (
-    update jobs set status = '{JobStatus.RUNNING}', provider_task_id = $2, provider_operation = $3,
-        webhook_secret = $4, callback_registered = $5, submit_in_doubt = false,
-        last_error = null, claimed_task_id = null, updated_at = now()
-    where id = $1 and status = any($7::text[])
+with saved as (
+    update jobs set status = case when {_TAKES_TASK} then '{JobStatus.RUNNING}' else status end,
+        provider_task_id = $2, provider_operation = $3, submit_in_doubt = false, updated_at = now(),
+        webhook_secret = case when {_TAKES_TASK} then $4 else webhook_secret end,
+        callback_registered = case when {_TAKES_TASK} then $5 else callback_registered end,
+        last_error = case when {_TAKES_TASK} then null else last_error end,
+        claimed_task_id = case when {_TAKES_TASK} then null else claimed_task_id end
+    where id = $1 and ({_TAKES_TASK} or status in {sql_list(TERMINAL)} and provider_task_id is null)
     returning *
+), to_running as (
+    select * from saved where status = '{JobStatus.RUNNING}'
 ), closed as (
-    update jobs set provider_task_id = $2, provider_operation = $3, submit_in_doubt = false,
-        updated_at = now()
-    where id = $1 and status in {sql_list(TERMINAL)}
-      and provider_task_id is null and not exists (select 1 from to_running)
-    returning id
+    select id from saved where status <> '{JobStatus.RUNNING}'
 ), submit_done as (
     delete from outbox where job_id = $1 and kind = '{IntentKind.SUBMIT}' and exists (select 1 from to_running)
 ), first_check as (
@@ -458,7 +467,10 @@ with to_running as (
             generation = outbox.generation + 1
 ), provider_cancel as (
     insert into outbox (job_id, kind) select id, '{IntentKind.CANCEL}' from closed
-    on conflict (job_id, kind, delivery_id) do nothing
+    -- A cancel intent already claimed, whose step read the job before this
+    -- id was saved, must run again with it: kept due (its generation moves).
+    on conflict (job_id, kind, delivery_id) do update
+        set not_before = least(outbox.not_before, now()), generation = outbox.generation + 1
     returning 1
 ), line as (
     insert into job_events (job_id, type, detail)

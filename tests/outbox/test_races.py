@@ -12,11 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+from app.domain import jobs
 from app.simulator.outputs import output_sha256
+from app.vocabulary import IntentKind, JobStatus
 from outbox import intents
 from outbox.context import Context
 from outbox.outcome import Done
 from outbox.settle import settle
+from outbox.submit import TAKES_ITS_ANSWER
 from tests.outbox.conftest import assert_money_balances, server_now, wait_for_settlers, wait_for_status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,3 +138,99 @@ async def test_settler_killed_after_storing_before_commit(web, make_owner, db, s
         digest = hashlib.sha256((job_dir / str(index)).read_bytes()).hexdigest()
         assert digest == output_sha256(row["provider_task_id"], index, size)
     await assert_money_balances(db)
+
+
+async def submitting_job(pool, owner_id: str) -> str:
+    """A job whose submit is out (claimed, no answer yet)."""
+    created = await jobs.create_job(pool, owner_id=owner_id, request_key=None, provider="sim", model="m",
+                                    input={}, max_credits=10, give_up_after_s=3600)
+    async with pool.acquire() as conn:
+        assert await jobs.begin_submit(conn, created.job_id)
+    return created.job_id
+
+
+async def save_answer(pool, job_id: str, task_id: str) -> jobs.Saved:
+    async with pool.acquire() as conn:
+        return await jobs.save_task(conn, job_id, task_id=task_id, operation=None, webhook_secret=None,
+                                    callback_registered=False, first_check_after_s=0,
+                                    from_statuses=TAKES_ITS_ANSWER)
+
+
+async def until_blocked(db, pid: int) -> None:
+    deadline = asyncio.get_running_loop().time() + 20
+    while not await db.fetchval("select cardinality(pg_blocking_pids($1)) > 0", pid):
+        assert asyncio.get_running_loop().time() < deadline, "the save never waited for the job's row"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_submit_answer_saved_while_a_cancel_commits_keeps_the_task_and_queues_its_cancel(db, make_owner):
+    """The cancel's close holds the job's row; the save of the submit's
+    answer waits for it (seen waiting in PostgreSQL), then the close
+    commits: the id is saved on the cancelled job and a provider cancel is
+    due. (Its two UPDATEs judged the row by the snapshot before the close:
+    neither matched, and the task ran on unseen.)"""
+    owner = await make_owner()
+    job_id = await submitting_job(db, owner.owner_id)
+    async with db.acquire() as closer, db.acquire() as saver:
+        tx = closer.transaction()
+        await tx.start()
+        assert await jobs.close(closer, job_id, JobStatus.CANCELLED, cancel_at_provider=True) is not None
+        saving = asyncio.ensure_future(jobs.save_task(saver, job_id, task_id="task-1", operation=None,
+                                                      webhook_secret=None, callback_registered=False,
+                                                      first_check_after_s=0))
+        await until_blocked(db, saver.get_server_pid())
+        await tx.commit()
+        assert await saving is jobs.Saved.ON_CLOSED_JOB
+    row = await db.fetchrow("select status, provider_task_id from jobs where id = $1", job_id)
+    assert (row["status"], row["provider_task_id"]) == ("cancelled", "task-1")
+    assert await db.fetchval("select count(*) from outbox where job_id = $1 and kind = 'cancel' "
+                             "and not_before <= now()", job_id) == 1
+    await assert_money_balances(db)
+
+
+async def test_submit_answers_and_cancels_started_together_never_lose_a_task(db, make_owner):
+    owner = await make_owner(credits=10_000, max_active=1_000)
+    job_ids = [await submitting_job(db, owner.owner_id) for _ in range(100)]
+
+    async def cancel(job_id):
+        async with db.acquire() as conn:
+            await jobs.close(conn, job_id, JobStatus.CANCELLED, cancel_at_provider=True)
+
+    saved = await asyncio.gather(*[step for j in job_ids for step in (cancel(j), save_answer(db, j, "t-" + j))])
+    assert jobs.Saved.LOST not in saved[1::2]
+    assert await db.fetchval("select count(*) from jobs where provider_task_id is null") == 0
+    assert await db.fetchval("select count(*) from jobs j where status = 'cancelled' and not exists "
+                             "(select 1 from outbox o where o.job_id = j.id and o.kind = 'cancel')") == 0
+    await assert_money_balances(db)
+
+
+async def test_a_task_saved_after_the_cancel_step_read_the_job_keeps_the_cancel_intent_due(db, make_owner):
+    """The cancel's intent is claimed with its job row (no task id yet), the
+    submit's answer is saved, then the step ends finding nothing to cancel:
+    the intent stays (its generation moved) and runs again with the id."""
+    owner = await make_owner()
+    job_id = await submitting_job(db, owner.owner_id)
+    async with db.acquire() as conn:
+        assert (await jobs.close(conn, job_id, JobStatus.CANCELLED, cancel_at_provider=True)).cancel_queued
+        claimed = await intents.claim(conn, 10, 60.0)
+        [held] = [i for i in claimed.intents if i.kind is IntentKind.CANCEL]
+        assert claimed.jobs[held.id]["provider_task_id"] is None
+    assert await save_answer(db, job_id, "task-1") is jobs.Saved.ON_CLOSED_JOB
+    async with db.acquire() as conn:
+        assert await intents.finish_many(conn, [held]) == {held.id}  # kept: asked again meanwhile
+        again = await intents.claim(conn, 10, 60.0)
+    [intent] = again.intents
+    assert (intent.id, again.jobs[intent.id]["provider_task_id"]) == (held.id, "task-1")
+
+
+async def test_a_submit_answer_for_a_job_gone_uncertain_meanwhile_is_its_task(db, make_owner):
+    """Another settler (this one's lease lapsed mid-call) could not find the
+    task and marked the job uncertain; the first call's answer then comes:
+    the job runs with it instead of losing it."""
+    owner = await make_owner()
+    job_id = await submitting_job(db, owner.owner_id)
+    async with db.acquire() as conn:
+        assert await jobs.mark_uncertain(conn, job_id, "not found")
+    assert await save_answer(db, job_id, "task-1") is jobs.Saved.RUNNING
+    row = await db.fetchrow("select status, provider_task_id from jobs where id = $1", job_id)
+    assert (row["status"], row["provider_task_id"]) == ("running", "task-1")
