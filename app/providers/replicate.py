@@ -455,9 +455,12 @@ class ReplicateProvider(Provider):
             output_hosts=("replicate.delivery", ".replicate.delivery", host_of(self.base_url)),
             output_ttl_s=3600.0,
             # "You'll need to pass the Authorization header to request them"
-            # (the OpenAPI document, predictions.get): files on Replicate's
-            # own hosts, the API's included, and no other.
-            credential_hosts=("replicate.delivery", ".replicate.delivery", host_of(self.base_url)),
+            # (the OpenAPI document, predictions.get): its file hosts, and
+            # never the API's. An output is the model's to choose (any
+            # model, an owner's own included): with the token, an output
+            # URL naming the API would copy the account's predictions, or
+            # its webhook secret, into the owner's job.
+            credential_hosts=("replicate.delivery", ".replicate.delivery"),
         )
         self._training_facts = replace(self.facts, poll_delays_s=TRAINING_POLL_DELAYS_S,
                                        give_up_after_s=TRAINING_GIVE_UP_S)

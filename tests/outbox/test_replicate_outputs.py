@@ -108,9 +108,14 @@ def scripted_replicate():
     """A Replicate whose predictions are `answers[task_id]`; its own /gone/…
     answers 404, like an expired replicate.delivery file."""
     answers: dict[str, dict] = {}
+    account_reads: list[str | None] = []  # the Authorization header of each read of /v1/account
 
     async def get_prediction(request: Request) -> Response:
         return JSONResponse(answers[request.path_params["task_id"]])
+
+    async def account(request: Request) -> Response:
+        account_reads.append(request.headers.get("authorization"))
+        return JSONResponse({"type": "organization", "username": "acme", "name": "Acme"})
 
     async def gone(request: Request) -> Response:
         return Response(b"not found", status_code=404)
@@ -118,8 +123,10 @@ def scripted_replicate():
     server = LoopbackServer(Starlette(routes=[
         Route("/v1/predictions/{task_id}", get_prediction),
         Route("/gone/{rest:path}", gone),
+        Route("/v1/account", account),
     ])).start()
     server.answers = answers  # type: ignore[attr-defined]
+    server.account_reads = account_reads  # type: ignore[attr-defined]
     yield server
     server.stop()
 
@@ -161,3 +168,24 @@ async def test_a_listed_file_that_answers_404_is_output_expired(web, make_owner,
     assert (row["credits_charged"], row["credits_refunded"]) == (0, 10)
     assert await db.fetchval("select count(*) from assets") == 0
     await assert_money_balances(db)
+
+
+async def test_an_output_naming_replicates_api_is_fetched_without_our_token(web, make_owner, db, make_settings,
+                                                                            start_settler, scripted_replicate):
+    """The output is the model's to choose (any model, an owner's own
+    included): an output URL on the API's host (the account, every tenant's
+    predictions, the webhook secret) is fetched as anyone would, never with
+    the API token, which goes only to replicate.delivery's files."""
+    url = f"{scripted_replicate.url}/v1/account"
+    scripted_replicate.answers["p-api"] = prediction("p-api", url, LONG_AGO)
+    env = {"REPLICATE_BASE_URL": scripted_replicate.url, "REPLICATE_API_TOKEN": TOKEN}
+    owner = await make_owner(credits=100)
+    job_id = await running_job(db, owner.owner_id, "replicate", "acme/llm", "p-api")
+    await start_settler(make_settings(**env))
+    await wait_for_status(db, job_id, (JobStatus.SUCCEEDED, JobStatus.FAILED))
+    assert scripted_replicate.account_reads == [None]
+
+
+def test_the_api_token_goes_to_replicate_delivery_only():
+    facts = ReplicateProvider("https://api.replicate.com", TOKEN).facts
+    assert facts.credential_hosts == ("replicate.delivery", ".replicate.delivery")
