@@ -33,7 +33,7 @@ from app.providers.base import (
     Uncertain,
     Usage,
 )
-from app.vocabulary import TERMINAL, JobError, JobStatus
+from app.vocabulary import TERMINAL, IntentKind, JobError, JobStatus
 from outbox import policy
 from outbox.outcome import DONE, Done, Later
 from outbox.roads import timers
@@ -236,7 +236,7 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
     if seen is None:
         return ASK_PROVIDER
     if isinstance(seen, ProviderError):
-        return Retry(attempts, f"status: {seen}")
+        return after_read_error("status", seen, job, now=now, attempts=attempts, facts=facts)
     if seen.state == TaskState.RUNNING:
         return Wait(timers.next_check_delay(facts, callback_registered=job.callback_registered,
                                             age_s=job.age_s(now), seconds_to_deadline=job.seconds_to_deadline(now)),
@@ -258,16 +258,41 @@ def _store(job: JobRecord, seen: Observation) -> StoreOutputs:
                         usage=tuple(seen.usage), request_id=seen.request_id, cost=seen.cost)
 
 
-def after_confirm(task_id: str, confirmed: Submitted | ProviderError | None, *, attempts: int) -> ClaimDecision:
+def after_read_error(what: str, error: ProviderError, job: JobRecord, *, now: dt.datetime, attempts: int,
+                     facts: ProviderFacts) -> Retry:
+    """A read about a task (its status, or a claim's confirm) that did not
+    work says nothing of the task, which may still run and be billed: a
+    provider's status endpoint down for ten minutes must not fail its
+    jobs. One the provider did not answer (no answer, a 5xx, a 429, an
+    answer we could not read) is asked again counting no failed attempt,
+    at the provider's hint or on a schedule that stretches with the job's
+    age (a tenth of it, from the poll schedule up to
+    policy.OUTAGE_WAIT_MAX_S: a job is asked about a dozen times through an
+    hour's outage, not every 30 s), the give-up deadline bounding it. A
+    definite answer that is an error (Rejected: a 404, no such task) backs
+    off and counts."""
+    if isinstance(error, Rejected):
+        return Retry(attempts, f"{what}: {error}")
+    if isinstance(error, Transient) and error.retry_after:
+        wait = max(error.retry_after, policy.MIN_ASKED_WAIT_S)
+    else:
+        age_s = job.age_s(now)
+        wait = min(policy.OUTAGE_WAIT_MAX_S, max(facts.poll_delay(age_s), age_s / 10))
+    return Retry(attempts, f"{what}: {error}", failed=False,
+                 after_s=max(0.0, min(wait, job.seconds_to_deadline(now))))
+
+
+def after_confirm(job: JobRecord, task_id: str, confirmed: Submitted | ProviderError | None, *,
+                  now: dt.datetime, attempts: int, facts: ProviderFacts) -> ClaimDecision:
     """`confirmed`: what the provider's confirm_task said of the claimed
     task. Only a task the provider confirms is adopted; one it does not
     know (None, or Rejected: no such task) is dropped; a read that did not
-    work is asked again."""
+    work is asked again (after_read_error)."""
     if isinstance(confirmed, Submitted):
         return AdoptClaim(confirmed)
     if confirmed is None or isinstance(confirmed, Rejected):
         return DropClaim(task_id, "the provider does not know the task a webhook named")
-    return Retry(attempts, f"confirm: {confirmed}")
+    return after_read_error("confirm", confirmed, job, now=now, attempts=attempts, facts=facts)
 
 
 def after_download_error(index: int, error: DownloadError, attempts: int) -> Close | Retry | Wait:
@@ -481,6 +506,33 @@ def after_recover(job: JobRecord, found: Observation | ProviderError | None, *, 
     return Wait(min(lost.delay_s, RECOVER_AGAIN_S), NOT_FOUND_YET)
 
 
+# --- an intent that failed too often -------------------------------------------------
+
+MAY_HAVE_A_TASK = "the submit's outcome is unknown after its last attempts: the task may exist"
+
+
+def exhausted(kind: IntentKind, job: JobRecord | None, *, submit_in_doubt: bool, last_error: str | None,
+              attempts: int, now: dt.datetime, facts: ProviderFacts | None) -> Close | MarkUncertain | Wait | Done:
+    """An intent that failed `attempts - 1` times in a row (policy.exhausted):
+    its job fails with a refund (settle_exhausted), never a silent drop —
+    except where a task may exist that nothing would then find or stop. An
+    async submit whose last call had no answer (`submit_in_doubt`: timed
+    out, or its look-up kept failing) becomes uncertain, as an unfindable
+    submit does; an uncertain job stays uncertain, its intent again the
+    give-up timer. (A cancel intent is simply dropped, a notify's delivery
+    given up: the settler's.)"""
+    if job is None or job.status in TERMINAL:
+        return DONE
+    if job.status == JobStatus.UNCERTAIN:
+        return until_deadline(job, now)
+    if kind is IntentKind.SUBMIT and job.status == JobStatus.SUBMITTING and submit_in_doubt \
+            and facts is not None and facts.kind is ProviderKind.ASYNC:
+        return MarkUncertain(f"{MAY_HAVE_A_TASK} ({last_error or 'errors'})")
+    return Close(JobStatus.FAILED, JobError.SETTLE_EXHAUSTED,
+                 f"gave up after {attempts - 1} failed {kind} attempts: {last_error or 'errors'}",
+                 cancel_at_provider=True)
+
+
 # --- carrying a wait out ------------------------------------------------------------
 
 
@@ -489,4 +541,4 @@ def later(decision: Wait | Retry, rng: random.Random | None = None) -> Later:
     if isinstance(decision, Wait):
         return Later(decision.delay_s, failed=False, reason=decision.reason)
     delay = decision.after_s if decision.after_s is not None else policy.backoff(decision.attempt, rng=rng)
-    return Later(delay, failed=decision.failed, reason=decision.reason)
+    return Later(delay, failed=decision.failed, reason=decision.reason, error=True)

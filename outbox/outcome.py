@@ -17,11 +17,14 @@ class Done:
 @dataclass(frozen=True)
 class Later:
     """Run the intent again after `delay_s`. `failed` counts toward the
-    attempt cap; a normal durable wait ("still running") does not."""
+    attempt cap; a normal durable wait ("still running") does not. `error`:
+    `reason` is an error an operator should see on the job (its
+    `last_error`), counted or not (a provider's outage waited out)."""
 
     delay_s: float
     failed: bool
     reason: str = ""
+    error: bool = False
 
 
 DONE = Done()

@@ -18,6 +18,9 @@ NOT_YET_SUBMITTED_RETRY_S = 2.0  # settle asked before the task id is saved
 # (outbox/decide.transient), so a hint below this (a fraction of a second)
 # would have us ask it again and again: the floor of such a wait.
 MIN_ASKED_WAIT_S = 1.0
+# A status read the provider did not answer is asked again at most this far
+# apart (outbox/decide.after_read_error), counting no failed attempt.
+OUTAGE_WAIT_MAX_S = 300.0
 HOST_BUSY_RETRY_S = 5.0  # an output's host had no download place free: look again (no failure)
 IN_DOUBT_FIND_ATTEMPTS = 3
 # A sync call's answer lives only in its worker's file: storing it is tried

@@ -106,7 +106,8 @@ async def _confirm_claim(ctx: Context, job: JobRecord, provider, task_id: str, a
         confirmed = e
     else:
         ctx.metrics.provider_call(provider.name, ProviderCall.STATUS, CallOutcome.OK)
-    decision = decide.after_confirm(task_id, confirmed, attempts=attempts)
+    decision = decide.after_confirm(job, task_id, confirmed, now=dt.datetime.now(dt.UTC), attempts=attempts,
+                                    facts=ctx.facts_for(provider, job.model))
     if isinstance(decision, decide.Retry):
         return decide.later(decision)
     if isinstance(decision, decide.DropClaim):

@@ -25,16 +25,21 @@ from app.capacity import capped_providers, is_capped
 from app.config import Settings
 from app.db import OUTBOX_CHANNEL
 from app.domain import jobs
+from app.domain.record import JobRecord
 from app.listen import listen_forever
 from app.metrics import INTENTS, metrics_app
-from app.vocabulary import IntentKind, JobError, JobStatus
-from outbox import intents, notify, policy
+from app.vocabulary import IntentKind, JobStatus
+from outbox import decide, intents, notify, policy
 from outbox.cancel import cancel
 from outbox.context import Context
 from outbox.outcome import Done, Later, Outcome
 from outbox.roads.sweep import sweep_once
 from outbox.settle import settle
-from outbox.submit import submit
+from outbox.submit import mark_uncertain, submit
+
+# What an exhausted intent's close may start from: never uncertain (a
+# close racing a transition there would take its hold; decide.exhausted).
+EXHAUSTIBLE = (JobStatus.QUEUED, JobStatus.SUBMITTING, JobStatus.RUNNING)
 
 log = logging.getLogger("longcall.settler")
 
@@ -242,7 +247,8 @@ class Settler:
             else:
                 async with self.ctx.pool.acquire() as conn:
                     # (A delivery's errors are its own: the job, closed, is not touched.)
-                    if outcome.failed and outcome.reason and intent.kind is not IntentKind.NOTIFY:
+                    if (outcome.failed or outcome.error) and outcome.reason \
+                            and intent.kind is not IntentKind.NOTIFY:
                         # Operators see why (longcall status, the job's error on exhaustion).
                         await jobs.note_error(conn, intent.job_id, f"{intent.kind}: {outcome.reason}")
                     row = await intents.retry(conn, intent, outcome.delay_s, failed=outcome.failed)
@@ -297,8 +303,9 @@ class Settler:
                                                                     "error": type(e).__name__})
 
     async def _exhaust(self, intent: intents.Intent) -> Outcome:
-        """An intent that failed too often: its job fails with a refund
-        (never a silent drop). A cancel intent is simply dropped."""
+        """An intent that failed too often (decide.exhausted): its job fails
+        with a refund (never a silent drop), unless a task may exist that
+        nothing would then find or stop. A cancel intent is simply dropped."""
         if intent.kind == IntentKind.CANCEL:
             return Done()
         if intent.kind == IntentKind.NOTIFY:
@@ -306,15 +313,29 @@ class Settler:
             await notify.give_up(self.ctx, intent.delivery_id, intent.job_id)
             return Done()
         async with self.ctx.pool.acquire() as conn:
-            job = await jobs.load(conn, intent.job_id)
-            closed = await jobs.close(conn, intent.job_id, JobStatus.FAILED, error_code=JobError.SETTLE_EXHAUSTED,
-                                      error_message=(f"gave up after {intent.attempts - 1} failed {intent.kind} "
-                                                     f"attempts: {(job['last_error'] if job else None) or 'errors'}"),
-                                      cancel_at_provider=True,
-                                      wake_capacity=job is not None and is_capped(self.ctx.settings, job["provider"]))
-        if closed is not None and job is not None:
-            self.ctx.metrics.job_finished(job["provider"], JobStatus.FAILED, closed)
+            row = await jobs.load(conn, intent.job_id)
+        job = JobRecord.from_row(row) if row is not None else None
+        provider = self.ctx.providers.get(job.provider) if job is not None else None
+        now = dt.datetime.now(dt.UTC)
+        decision = decide.exhausted(intent.kind, job, submit_in_doubt=bool(row and row["submit_in_doubt"]),
+                                    last_error=row["last_error"] if row is not None else None,
+                                    attempts=intent.attempts, now=now,
+                                    facts=self.ctx.facts_for(provider, job.model) if provider and job else None)
         log.warning("intent exhausted", extra={"job_id": intent.job_id, "intent": intent.kind})
+        if isinstance(decision, Done):
+            return decision
+        assert job is not None
+        if isinstance(decision, decide.Wait):
+            return decide.later(decision)
+        if isinstance(decision, decide.MarkUncertain):
+            return await mark_uncertain(self.ctx, job, decision)
+        async with self.ctx.pool.acquire() as conn:
+            closed = await jobs.close(conn, job.id, decision.status, error_code=decision.error_code,
+                                      error_message=decision.message, cancel_at_provider=decision.cancel_at_provider,
+                                      from_statuses=EXHAUSTIBLE,
+                                      wake_capacity=is_capped(self.ctx.settings, job.provider))
+        if closed is not None:
+            self.ctx.metrics.job_finished(job.provider, decision.status, closed)
         return Done()
 
     async def _keep_leases(self) -> None:

@@ -125,15 +125,20 @@ async def _carry_out(ctx: Context, job: JobRecord, provider, decision: decide.Su
     if isinstance(decision, decide.Save):
         return await _save(ctx, job, provider, decision)
     if isinstance(decision, decide.MarkUncertain):
-        async with ctx.pool.acquire() as conn, conn.transaction():
-            if await jobs.mark_uncertain(conn, job.id, decision.reason):
-                # Its give-up timer, written with it: the settle step expires
-                # it at its deadline (the sweep is only the backstop).
-                timer = decide.until_deadline(job, _now())
-                await intents.request(conn, job.id, IntentKind.SETTLE, timer.delay_s)
-        log.warning("job uncertain", extra={"job_id": job.id, "provider": provider.name})
-        return DONE
+        return await mark_uncertain(ctx, job, decision)
     raise TypeError(f"a submit step cannot carry out {decision!r}")
+
+
+async def mark_uncertain(ctx: Context, job: JobRecord, decision: decide.MarkUncertain) -> Outcome:
+    """submitting -> uncertain, with its give-up timer written with it: the
+    settle step expires it at its deadline (the sweep is only the backstop).
+    The submit intent is then done."""
+    async with ctx.pool.acquire() as conn, conn.transaction():
+        if await jobs.mark_uncertain(conn, job.id, decision.reason):
+            timer = decide.until_deadline(job, _now())
+            await intents.request(conn, job.id, IntentKind.SETTLE, timer.delay_s)
+    log.warning("job uncertain", extra={"job_id": job.id, "provider": job.provider})
+    return DONE
 
 
 async def save_submitted(ctx: Context, job_id: str, submitted: Submitted, *, callback_registered: bool,

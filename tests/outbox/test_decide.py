@@ -20,13 +20,14 @@ from app.providers.base import (
     Observation,
     OutputValue,
     ProviderFacts,
+    ProviderKind,
     Rejected,
     Submitted,
     TaskState,
     Transient,
     Uncertain,
 )
-from app.vocabulary import ALL_STATUSES, JobError, JobStatus
+from app.vocabulary import ALL_STATUSES, IntentKind, JobError, JobStatus
 from outbox import decide
 from outbox.decide import (
     LOOK_UP,
@@ -80,7 +81,7 @@ OBSERVATIONS = {
     "failed": Observation(TaskState.FAILED, error="the model ran out of memory"),
     "cancelled": Observation(TaskState.CANCELLED),
     "rejected": Rejected("404 no such task"),
-    "transient": Transient("503 from status", retry_after=9.0),  # a status call's hint is not used
+    "transient": Transient("503 from status", retry_after=9.0),  # waited out at its hint, counting nothing
     "uncertain": Uncertain("read timeout"),
 }
 
@@ -99,8 +100,9 @@ STORE_NONE = StoreOutputs((), charge=10)  # no cost reported: the reservation is
 PROVIDER_FAILED = Close(S.FAILED, JobError.PROVIDER_FAILED, "the model ran out of memory")
 PROVIDER_CANCELLED = Close(S.FAILED, JobError.PROVIDER_FAILED, "the provider reports the task cancelled")
 STATUS_REJECTED = R(3, "status: 404 no such task")
-STATUS_TRANSIENT = R(3, "status: 503 from status")
-STATUS_UNCERTAIN = R(3, "status: read timeout")
+STATUS_TRANSIENT = R(3, "status: 503 from status", failed=False, after_s=9.0)
+# No hint: the poll schedule at the job's age (4 s: the 3 s step).
+STATUS_UNCERTAIN = R(3, "status: read timeout", failed=False, after_s=3.0)
 
 # status, what the provider said, deadline -> decision. Only a running job
 # is asked about; the deadline comes before any answer.
@@ -324,15 +326,72 @@ AFTER_CONFIRM_TABLE = [
     ("confirmed", CONFIRMED,              AdoptClaim(CONFIRMED)),
     ("unknown", None,                     DENIED),
     ("rejected", Rejected("no such task"), DENIED),
-    ("transient", Transient("503 from status", retry_after=9.0), R(3, "confirm: 503 from status")),
-    ("uncertain", Uncertain("read timeout"), R(3, "confirm: read timeout")),
+    ("transient", Transient("503 from status", retry_after=9.0),
+     R(3, "confirm: 503 from status", failed=False, after_s=9.0)),
+    ("uncertain", Uncertain("read timeout"), R(3, "confirm: read timeout", failed=False, after_s=3.0)),
 ]
 
 
 @pytest.mark.parametrize("said,expected", [(r, e) for _, r, e in AFTER_CONFIRM_TABLE],
                          ids=[name for name, _, _ in AFTER_CONFIRM_TABLE])
 def test_after_confirm(said, expected):
-    assert decide.after_confirm("task-9", said, attempts=ATTEMPTS) == expected
+    record = job(S.UNCERTAIN, provider_task_id=None, claimed_task_id="task-9")
+    assert decide.after_confirm(record, "task-9", said, now=NOW, attempts=ATTEMPTS, facts=FACTS) == expected
+
+
+# A read the provider did not answer, by the job's age and the time left
+# before its deadline: the hint (at least a second), else a tenth of the
+# age between the poll schedule's step and 5 min; never past the deadline.
+# A definite error answer counts and backs off.
+READ_ERROR_TABLE = [
+    # error,                                  age s, deadline in s, expected (after_s; None: counted)
+    (Transient("503"),                        4,     100,    3.0),
+    (Transient("503"),                        600,   3600,   60.0),
+    (Transient("503"),                        7000,  3600,   300.0),
+    (Transient("503"),                        7000,  40,     40.0),
+    (Transient("429", retry_after=9.0),       7000,  3600,   9.0),
+    (Transient("429", retry_after=0.001),     4,     3600,   1.0),
+    (Transient("429", retry_after=900.0),     4,     3600,   900.0),
+    (Uncertain("read timeout"),               600,   3600,   60.0),
+    (Rejected("404 no such task"),            600,   3600,   None),
+]
+
+
+@pytest.mark.parametrize("error,age_s,left_s,after_s", READ_ERROR_TABLE)
+def test_a_read_the_provider_did_not_answer_is_waited_out_counting_nothing(error, age_s, left_s, after_s):
+    record = job(created_at=NOW - dt.timedelta(seconds=age_s), deadline_at=NOW + dt.timedelta(seconds=left_s))
+    got = decide.after_read_error("status", error, record, now=NOW, attempts=ATTEMPTS, facts=FACTS)
+    expected = R(ATTEMPTS, f"status: {error}") if after_s is None else \
+        R(ATTEMPTS, f"status: {error}", failed=False, after_s=after_s)
+    assert got == expected
+
+
+EXHAUSTED_TABLE = [
+    # intent kind, job status, submit in doubt, provider kind, expected
+    (IntentKind.SETTLE, S.RUNNING, False, ProviderKind.ASYNC, "close"),
+    (IntentKind.SETTLE, S.UNCERTAIN, True, ProviderKind.ASYNC, "until deadline"),
+    (IntentKind.SUBMIT, S.QUEUED, False, ProviderKind.ASYNC, "close"),
+    (IntentKind.SUBMIT, S.SUBMITTING, False, ProviderKind.ASYNC, "close"),  # its last call definitely failed
+    (IntentKind.SUBMIT, S.SUBMITTING, True, ProviderKind.ASYNC, "uncertain"),  # the task may exist
+    (IntentKind.SUBMIT, S.SUBMITTING, True, ProviderKind.SYNC, "close"),  # a call has its own lost-call rule
+    (IntentKind.SETTLE, S.SUCCEEDED, False, ProviderKind.ASYNC, "done"),
+]
+
+
+@pytest.mark.parametrize("kind,status,in_doubt,provider_kind,expected", EXHAUSTED_TABLE)
+def test_an_exhausted_intent_fails_its_job_unless_a_task_may_exist(kind, status, in_doubt, provider_kind, expected):
+    record = job(status, provider_task_id="task-1" if status == S.RUNNING else None)
+    got = decide.exhausted(kind, record, submit_in_doubt=in_doubt, last_error="submit: timed out", attempts=9,
+                           now=NOW, facts=facts(kind=provider_kind))
+    assert got == {
+        "close": Close(S.FAILED, JobError.SETTLE_EXHAUSTED,
+                       f"gave up after 8 failed {kind} attempts: submit: timed out", cancel_at_provider=True),
+        "uncertain": MarkUncertain(f"{decide.MAY_HAVE_A_TASK} (submit: timed out)"),
+        "until deadline": UNTIL_DEADLINE,
+        "done": DONE,
+    }[expected]
+    assert decide.exhausted(kind, None, submit_in_doubt=in_doubt, last_error=None, attempts=9, now=NOW,
+                            facts=None) == DONE
 
 
 # The wait while a task runs: the poll schedule by the task's age, the
@@ -696,10 +755,11 @@ class TopOfTheRange(random.Random):
 
 LATER_TABLE = [
     ("wait", Wait(5.0, "still running"), Later(5.0, failed=False, reason="still running")),
-    ("retry", R(3, "status: boom"), Later(4.0, failed=True, reason="status: boom")),
-    ("retry uncounted", R(2, "not found yet", failed=False), Later(2.0, failed=False, reason="not found yet")),
-    ("retry after a hint", R(3, "429", after_s=7.0), Later(7.0, failed=True, reason="429")),
-    ("retry capped", R(20, "down"), Later(300.0, failed=True, reason="down")),
+    ("retry", R(3, "status: boom"), Later(4.0, failed=True, reason="status: boom", error=True)),
+    ("retry uncounted", R(2, "not found yet", failed=False),
+     Later(2.0, failed=False, reason="not found yet", error=True)),
+    ("retry after a hint", R(3, "429", after_s=7.0), Later(7.0, failed=True, reason="429", error=True)),
+    ("retry capped", R(20, "down"), Later(300.0, failed=True, reason="down", error=True)),
 ]
 
 

@@ -213,3 +213,113 @@ async def test_cancel_races_the_settle_step(web, make_owner, db, sim, make_setti
     ledger = await db.fetch("select job_id, kind, count(*) from ledger group by 1, 2 having count(*) > 1")
     assert ledger == []
     await assert_money_balances(db)
+
+
+async def _intent(db, job_id: str, kind: str):
+    return await db.fetchrow("select attempts, claimed_until, not_before from outbox where job_id = $1 and kind = $2",
+                             job_id, kind)
+
+
+async def _pull_due(db, job_id: str, kind: str, attempts: int | None = None) -> None:
+    await db.execute("update outbox set not_before = now(), attempts = coalesce($3, attempts) "
+                     "where job_id = $1 and kind = $2", job_id, kind, attempts)
+    await db.execute("select pg_notify('longcall_outbox', '')")
+
+
+async def _until(predicate, what: str, timeout: float = 20.0) -> None:
+    import asyncio
+    import time
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_a_status_endpoint_down_past_the_attempt_cap_fails_no_job(web, make_owner, db, sim, make_settings,
+                                                                       start_settler):
+    """The provider's status reads fail (500) while its task runs: each is
+    waited out counting no failed attempt, so the job is still running at
+    what was its last attempt (before, 10 reads in about 8 minutes failed
+    it `settle_exhausted`, refunded, while the provider ran and billed the
+    task), and succeeds once the provider answers again."""
+    from outbox.policy import MAX_ATTEMPTS
+    server = await web(SIM_URL=sim.url)
+    await start_settler(make_settings(SIM_URL=sim.url))
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        created = (await c.post("/v1/jobs", json=job(duration_s=1.0))).json()
+    job_id = created["id"]
+    await wait_for_status(db, job_id, "running")
+    set_faults(sim.url, status_error=1)
+    try:
+        await _pull_due(db, job_id, "settle", attempts=MAX_ATTEMPTS["settle"] - 1)  # its last counted attempt
+
+        async def read_failed_and_waited():
+            intent = await _intent(db, job_id, "settle")
+            last_error = await db.fetchval("select last_error from jobs where id = $1", job_id)
+            return intent is not None and intent["claimed_until"] is None and intent["attempts"] == 0 \
+                and (last_error or "").startswith("settle: status:")
+
+        await _until(read_failed_and_waited, "the failed read was not waited out without counting")
+        await _pull_due(db, job_id, "settle", attempts=MAX_ATTEMPTS["settle"] - 1)
+        await _until(read_failed_and_waited, "a second failed read counted")
+        assert await db.fetchval("select status from jobs where id = $1", job_id) == "running"
+    finally:
+        clear_faults(sim.url)
+    await _pull_due(db, job_id, "settle")
+    await wait_for_status(db, job_id, "succeeded")
+    await assert_money_balances(db)
+
+
+async def test_an_exhausted_submit_whose_last_call_had_no_answer_makes_the_job_uncertain(
+        make_owner, db, sim, make_settings, start_settler):
+    """Its task may exist (the sim's submit is idempotent: timeouts are
+    asked again with the same key, until the cap): uncertain, its hold and
+    identity kept for its webhook or an operator, not failed and refunded
+    while the provider may run the task."""
+    from app.domain import jobs
+    from outbox.policy import MAX_ATTEMPTS
+    owner = await make_owner(credits=100)
+    created = await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim", model="m",
+                                    input={}, max_credits=10, give_up_after_s=3600)
+    async with db.acquire() as conn:
+        assert await jobs.begin_submit(conn, created.job_id)  # a call went out; no answer was saved
+    await _pull_due(db, created.job_id, "submit", attempts=MAX_ATTEMPTS["submit"])
+    await start_settler(make_settings(SIM_URL=sim.url))
+    row = await wait_for_status(db, created.job_id, ("uncertain", "failed"))
+    assert row["status"] == "uncertain", row["error_message"]
+    assert (row["credits_reserved"], row["credits_refunded"]) == (10, 0)
+    timer = await _intent(db, created.job_id, "settle")
+    assert timer is not None and (timer["not_before"] - row["deadline_at"]).total_seconds() > -5
+    assert await _intent(db, created.job_id, "submit") is None
+    await assert_money_balances(db)
+
+
+async def test_an_exhausted_settle_of_an_uncertain_job_keeps_it_uncertain(make_owner, db, sim, make_settings,
+                                                                         start_settler):
+    """An uncertain job keeps its hold until it is resolved or expires
+    (CONTRACT): its settle intent, failed to the cap (a claimed task's
+    confirm failing, say), waits for the deadline again."""
+    from app.domain import jobs
+    from outbox.policy import MAX_ATTEMPTS
+    owner = await make_owner(credits=100)
+    created = await jobs.create_job(db, owner_id=owner.owner_id, request_key=None, provider="sim", model="m",
+                                    input={}, max_credits=10, give_up_after_s=3600)
+    async with db.acquire() as conn:
+        assert await jobs.begin_submit(conn, created.job_id)
+        assert await jobs.mark_uncertain(conn, created.job_id, "not found")
+        await conn.execute("insert into outbox (job_id, kind, attempts) values ($1, 'settle', $2)",
+                           created.job_id, MAX_ATTEMPTS["settle"])
+    await start_settler(make_settings(SIM_URL=sim.url))
+
+    deadline_at = await db.fetchval("select deadline_at from jobs where id = $1", created.job_id)
+
+    async def waits_for_the_deadline():
+        intent = await _intent(db, created.job_id, "settle")
+        return intent is not None and intent["attempts"] == 0 \
+            and (intent["not_before"] - deadline_at).total_seconds() > -5
+
+    await _until(waits_for_the_deadline, "the exhausted intent did not go back to the give-up timer")
+    row = await db.fetchrow("select * from jobs where id = $1", created.job_id)
+    assert (row["status"], row["credits_refunded"]) == ("uncertain", 0)
+    await assert_money_balances(db)
