@@ -48,10 +48,12 @@ Choices where the documents are silent or disagree:
   (Suno's "call frequency too high") is "not now", like 429 and 455; 500,
   400 (whose only words on a generate page, Veo's, belong to its 1080P
   call) and unknown codes say nothing about whether a task exists
-  (Uncertain at submit). On a status read, 404 is "no such task", 501 a failed
-  generation, anything else a read to try again.
-- A family task's success with no output is a failure (nothing to store,
-  nothing to charge). The Market's is left as it was built (a success).
+  (Uncertain at submit). On a status read, 404 is "no such task", 501 (a
+  failed generation) and 422 (a validation error in the original request)
+  a failed task, anything else a read to try again.
+- A success with no output is a failure (nothing to store, nothing to
+  charge): "parse resultJson to get the resultUrls array" is all Get Task
+  Details says a success holds, and the families say the same of theirs.
 - Veo: `response.resultUrls` are the outputs; `originUrls` (the uncropped
   originals, "only when aspectRatio is not 16:9") are not. successFlag 2 and
   3 are both failures.
@@ -262,7 +264,7 @@ def observation_from_record(data: Mapping[str, Any], secrets: Secrets) -> Observ
     if state is None:
         raise _unknown_state("state", data.get("state"), secrets)
     if state is TaskState.SUCCEEDED:
-        return Observation(state=state, output_urls=result_urls(data.get("resultJson")))
+        return succeeded(result_urls(data.get("resultJson")))
     if state is TaskState.FAILED:
         return ended(state, secrets, data.get("failMsg"), data.get("failCode"), fallback="the task failed")
     return Observation(state=state)
@@ -273,16 +275,18 @@ def record_outcome(body: Mapping[str, Any], secrets: Secrets,
                    ) -> Observation:
     """A whole status answer (any family's: `observe` reads its `data`) as an
     Observation, or the error its `code` means (pure): 404 is "no such task"
-    (Rejected); 501 is "generation failed": the task failed; any other code
-    but 200 is a read that did not work (Transient)."""
+    (Rejected); 501 is "generation failed" and 422 "validation error in the
+    original request" (both "check failMsg"): the task failed; any other
+    code but 200 is a read that did not work (Transient), waited out until
+    the job's deadline (outbox/decide.after_read_error)."""
     code = body_code(body)
     if code == 404:
         raise Rejected(f"{NAME}: no such task (code 404)")
-    if code == 501:
+    if code in (422, 501):
         record = _mapping(body.get("data"))
         return ended(TaskState.FAILED, secrets, record.get("failMsg"), record.get("errorMessage"),
                      body.get("message"), body.get("msg"), record.get("failCode"), record.get("errorCode"),
-                     fallback="the generation failed (code 501)")
+                     fallback=f"the generation failed (code {code})")
     if code != 200:
         detail = _message(body, secrets)
         raise Transient(f"{NAME}: status answered code {code}" + (f": {detail}" if detail else ""))

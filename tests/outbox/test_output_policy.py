@@ -66,10 +66,11 @@ BASE_URL_SETTINGS = {"sim": "SIM_URL", "replicate": "REPLICATE_BASE_URL", "fal":
                      "kie": "KIE_BASE_URL", "gateway": "AI_GATEWAY_BASE_URL", "gemini": "GEMINI_BASE_URL",
                      "elevenlabs": "ELEVENLABS_BASE_URL"}
 CREDENTIAL_HEADERS = ("authorization", "x-goog-api-key", "xi-api-key")
-# The header each provider's output downloads carry to its own host (their facts' credential_hosts);
-# every other provider's downloads carry none.
-DOWNLOAD_KEYS = {"replicate": {"authorization": f"Bearer {KEYS['replicate']}"},
-                 "gemini": {"x-goog-api-key": KEYS["gemini"]}, "elevenlabs": {"xi-api-key": KEYS["elevenlabs"]}}
+# The header each provider's output downloads carry to its own (API) host (their facts'
+# credential_hosts): Gemini's and ElevenLabs', whose output URLs are the API's own routes. Every
+# other provider's downloads carry none there; Replicate's key goes to replicate.delivery only,
+# since its outputs are the model's to choose (tests/outbox/test_replicate_outputs.py).
+DOWNLOAD_KEYS = {"gemini": {"x-goog-api-key": KEYS["gemini"]}, "elevenlabs": {"xi-api-key": KEYS["elevenlabs"]}}
 USUAL_SIM_PORT = 8787  # what SIM_URL used to default to everywhere
 SERVED = b"healthy output"
 GEMINI_RESPONSE_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1beta.PredictLongRunningResponse"

@@ -185,7 +185,3 @@ async def test_an_output_naming_replicates_api_is_fetched_without_our_token(web,
     await wait_for_status(db, job_id, (JobStatus.SUCCEEDED, JobStatus.FAILED))
     assert scripted_replicate.account_reads == [None]
 
-
-def test_the_api_token_goes_to_replicate_delivery_only():
-    facts = ReplicateProvider("https://api.replicate.com", TOKEN).facts
-    assert facts.credential_hosts == ("replicate.delivery", ".replicate.delivery")

@@ -149,9 +149,19 @@ def test_code_501_is_a_failed_generation():
     assert seen.state is TaskState.FAILED and seen.error == "Generation failed"
 
 
+def test_code_422_on_a_read_is_a_failed_task():
+    # Get Task Details' table: 422 "Validation error in the original request"
+    # with "check failMsg": the task failed (as a read to try again it would
+    # now wait for the job's deadline).
+    seen = record_outcome({**record("fail", failMsg="prompt too long"), "code": 422}, SECRETS)
+    assert seen.state is TaskState.FAILED and seen.error == "prompt too long"
+    seen = record_outcome({"code": 422, "message": "Validation error in the original request", "data": None},
+                          SECRETS)
+    assert seen.state is TaskState.FAILED and seen.error == "Validation error in the original request"
+
+
 @pytest.mark.parametrize("code, message", [
     (401, "Unauthorized"),
-    (422, "Validation error in the original request"),
     (429, "Rate Limited"),
     (455, "Service Unavailable"),
     (500, "Internal server error"),

@@ -13,7 +13,7 @@ from app.providers import KNOWN_PROVIDERS, build_providers, close_providers
 from app.providers.base import OutputValue, Rejected, TaskState, Transient, Uncertain
 from app.providers.fal import documented_urls, is_request_outcome, operation_urls, queue_root, result_observation
 from app.providers.http import NO_SECRETS, Secrets, collect_urls, retry_after_seconds, same_origin
-from app.providers.kie import observation_from_record, result_urls, submit_outcome
+from app.providers.kie import NO_OUTPUT, observation_from_record, result_urls, submit_outcome
 from app.providers.replicate import cancel_after as replicate_cancel_after
 from app.providers.replicate import observation_from_prediction, route_for_model
 from app.providers.sim import observation_from_task
@@ -326,7 +326,16 @@ def test_fal_which_error_answers_are_the_requests_outcome(code, body, outcome):
     ("fail", TaskState.FAILED),
 ])
 def test_kie_state_mapping(state, mapped):
-    assert observation_from_record({"state": state, "resultJson": "", "failMsg": ""}, NO_SECRETS).state is mapped
+    result = json.dumps({"resultUrls": ["https://tempfile.aiquickdraw.com/a.png"]})
+    assert observation_from_record({"state": state, "resultJson": result, "failMsg": ""}, NO_SECRETS).state is mapped
+
+
+@pytest.mark.parametrize("result_json", ["", "not json", "{}", json.dumps({"resultUrls": []}),
+                                         json.dumps({"resultUrls": [3, "ftp://x/a.png"]})])
+def test_a_kie_market_success_with_nothing_to_store_is_a_failure(result_json):
+    """Charged for nothing otherwise: the job succeeded with no output."""
+    seen = observation_from_record({"state": "success", "resultJson": result_json}, NO_SECRETS)
+    assert (seen.state, seen.error, seen.output_urls) == (TaskState.FAILED, NO_OUTPUT, ())
 
 
 def test_kie_success_reads_result_json():
@@ -423,12 +432,14 @@ async def test_build_providers_makes_all_four_without_leaking_secrets():
         await close_providers(providers)
 
 
-def test_replicate_credentials_go_only_to_its_own_hosts():
+def test_replicate_credentials_go_only_to_its_file_hosts():
+    """Never the API's host: an output is the model's to choose
+    (tests/outbox/test_replicate_outputs.py)."""
     from app.providers.replicate import ReplicateProvider
 
     provider = ReplicateProvider("https://api.replicate.com", "r8_secret")
     assert provider.download_credentials() == {"Authorization": "Bearer r8_secret"}
-    assert set(provider.facts.credential_hosts) == {"replicate.delivery", ".replicate.delivery", "api.replicate.com"}
+    assert set(provider.facts.credential_hosts) == {"replicate.delivery", ".replicate.delivery"}
     assert "r8_secret" not in repr(provider.facts)
     # The other adapters send nothing to any output host.
     from app.providers.fal import FalProvider
