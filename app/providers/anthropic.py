@@ -74,6 +74,7 @@ import httpx
 from app.download_errors import OutputTooLarge
 from app.providers.base import (
     Observation,
+    Rejected,
     SubmitRequest,
     Usage,
 )
@@ -98,6 +99,29 @@ TOOL_INPUT_BLOCKS = ("tool_use", "server_tool_use")
 
 
 # ------------------------------------------------------------------ pure: the request
+
+# The official SDK's rule for a plain (not streamed) call: its length
+# estimated at an hour for 128,000 output tokens, and over 10 minutes
+# refused (anthropic `_base_client.py`, `_calculate_nonstreaming_timeout`:
+# "Streaming is required for operations that may take longer than 10
+# minutes"; the errors page's 504: "Consider using streaming for
+# long-running requests").
+SECONDS_PER_MAX_TOKEN = 3600 / 128_000
+PLAIN_CALL_MAX_S = 600.0
+
+
+def plain_call_problem(job_input: Mapping[str, Any]) -> str | None:
+    """Why a call may not be sent plain: a plain answer sends nothing until
+    it is whole, so a long one times out here (`call_lost`, refunded)
+    while Anthropic goes on and bills it. Refused before anything is sent,
+    where the SDK refuses it; None: fine."""
+    max_tokens = job_input.get("max_tokens")
+    if wants_stream(job_input) or not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        return None
+    if max_tokens * SECONDS_PER_MAX_TOKEN <= PLAIN_CALL_MAX_S:
+        return None
+    return (f"{NAME}: a plain call of max_tokens {max_tokens} may take over 10 minutes "
+            f"(Anthropic's SDK refuses it too): send it with \"stream\": true")
 
 
 # ------------------------------------------------------------------ pure: the answer
@@ -294,6 +318,9 @@ class AnthropicProvider(SyncJsonProvider):
         return headers
 
     async def call(self, request: SubmitRequest) -> Observation:
+        problem = plain_call_problem(request.input)
+        if problem:
+            raise Rejected(problem)
         body = call_body(NAME, request.model, request.input)
         stream = wants_stream(request.input)
         return await json_call(

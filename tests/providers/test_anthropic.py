@@ -634,3 +634,25 @@ async def test_the_key_is_never_in_an_error(scripted, script, tmp_path, name):
         await scripted.call(call_request(call_input(stream=name == "an error event")))
     assert KEY not in str(caught.value) and "[redacted]" in str(caught.value)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("max_tokens", [1024, 8192, 21_333, 21_334, 32_000, 64_000, 128_000])
+def test_a_plain_call_is_refused_exactly_where_the_official_sdk_refuses_it(max_tokens):
+    """A plain call expected to take over 10 minutes must stream: it would
+    time out here while Anthropic goes on, and bills it."""
+    import anthropic
+
+    from app.providers.anthropic import plain_call_problem
+    try:
+        anthropic.Anthropic(api_key="x")._calculate_nonstreaming_timeout(max_tokens, None)
+        sdk_refuses = False
+    except ValueError:
+        sdk_refuses = True
+    assert (plain_call_problem({"max_tokens": max_tokens}) is not None) == sdk_refuses
+    assert plain_call_problem({"max_tokens": max_tokens, "stream": True}) is None
+
+
+async def test_a_plain_call_that_may_take_over_ten_minutes_sends_nothing(scripted, script):
+    with pytest.raises(Rejected, match='"stream": true'):
+        await scripted.call(call_request({**call_input(), "max_tokens": 64_000}))
+    assert script.seen == []
