@@ -110,6 +110,18 @@ def operation_urls(base_url: str, model: str, request_id: str, answer: Mapping[s
     return urls
 
 
+def nothing_queued(response: httpx.Response) -> bool:
+    """Whether a submit's error answer means fal queued nothing (pure), as
+    its own client judges it (fal_client `_should_retry_response`, which
+    sends the submit again on these): a 409, or an ingress error — a 502,
+    503 or 504 that fal's app never answered (no `x-fal-request-id`, an
+    nginx page). Any other 5xx may have queued the request."""
+    if response.status_code == 409:
+        return True
+    return response.status_code in (502, 503, 504) and "x-fal-request-id" not in response.headers \
+        and "nginx" in response.text
+
+
 def is_request_outcome(status_code: int, body: Any) -> bool:
     """Whether an error answer from a COMPLETED request's response URL is
     that request's own outcome (pure). A model's 4xx (`detail`) and the
@@ -199,7 +211,7 @@ class FalProvider(Provider):
         response = await submit_call(
             self._http.submits, NAME, "POST", f"{self.base_url}/{request.model}",
             params=params, json=dict(request.input), headers=self._headers(),
-            secrets=self._secrets.plus_callback(request.callback_url),
+            secrets=self._secrets.plus_callback(request.callback_url), ask_again=nothing_queued,
         )
         data = json_object(response, NAME, Uncertain)
         request_id = data.get("request_id")

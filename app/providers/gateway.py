@@ -92,6 +92,10 @@ NO_VIDEO = "the Gateway reported the generation completed with no video"
 _MODEL_RE = re.compile(r"[!-~]+/[!-~]+")  # creator/model: printable ASCII, no spaces
 
 
+def is_conflict(response: httpx.Response) -> bool:
+    return response.status_code == 409
+
+
 def video_model(model: str) -> str:
     """The job's model as the `ai-model-id` header (pure): a Gateway model id
     is `creator/model`; anything else (a space, a newline) is Rejected before
@@ -285,10 +289,14 @@ class GatewayProvider(Provider):
     async def submit(self, request: SubmitRequest, idempotency_key: str) -> Submitted:
         model = video_model(request.model)
         body = start_body(request.input, request.callback_url)
+        # A 409 is asked again (with the same key), as Vercel's own client
+        # does (`@ai-sdk/gateway` GatewayError: 408, 409, 429 and 5xx are
+        # retryable): the usual answer to a key whose first start is still
+        # being made, which failing would refund while that start runs.
         response = await submit_call(
             self._http.submits, NAME, "POST", f"{self.base_url}/video-model/start",
             json=body, headers={**self._headers(model), "idempotency-key": idempotency_key},
-            secrets=self._secrets.plus_callback(request.callback_url),
+            secrets=self._secrets.plus_callback(request.callback_url), ask_again=is_conflict,
         )
         return submitted_from_start(json_object(response, NAME, Uncertain))
 

@@ -312,9 +312,11 @@ class GeminiProvider(Provider):
         path = model_path(request.model)
         body = dict(request.input)
         check_body(body)
+        # A 429 says its wait in the body's RetryInfo (as a status read's
+        # does): waited out as asked, and the provider paused until then.
         response = await submit_call(
             self._http.submits, NAME, "POST", f"{self.base_url}/{API_VERSION}/{path}:predictLongRunning",
-            json=body, headers=self._headers(), secrets=self._secrets,
+            json=body, headers=self._headers(), secrets=self._secrets, retry_hint=_retry_hint,
         )
         return Submitted(task_id=operation_name(json_object(response, NAME, Uncertain)))
 

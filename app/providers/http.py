@@ -242,10 +242,15 @@ async def submit_call(
     url: str,
     *,
     secrets: Secrets,
+    ask_again: Callable[[httpx.Response], bool] | None = None,
+    retry_hint: Callable[[httpx.Response], float | None] | None = None,
     **kwargs: Any,
 ) -> httpx.Response:
     """Send a request that may create a task. Returns a 2xx response;
-    otherwise raises the error class that says whether a task may exist."""
+    otherwise raises the error class that says whether a task may exist.
+    `ask_again`: error answers the provider's own client sends the request
+    again on, this one having made nothing (Transient). `retry_hint`: a 429's
+    wait read from its body when it has no Retry-After."""
     try:
         response = await client.request(method, url, **kwargs)
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol) as exc:
@@ -264,13 +269,15 @@ async def submit_call(
         return response
     detail = secrets.detail(response)
     if status == 429:
-        raise Transient(
-            _with_detail(f"{provider}: rate limited (HTTP 429)", detail),
-            retry_after=retry_after_seconds(response.headers.get("retry-after")),
-        )
+        retry_after = retry_after_seconds(response.headers.get("retry-after"))
+        if retry_after is None and retry_hint is not None:
+            retry_after = retry_hint(response)
+        raise Transient(_with_detail(f"{provider}: rate limited (HTTP 429)", detail), retry_after=retry_after)
     if status == 408:
         # The server gave up waiting for our request before it was whole.
         raise Transient(_with_detail(f"{provider}: request timeout (HTTP 408)", detail))
+    if ask_again is not None and ask_again(response):
+        raise Transient(_with_detail(f"{provider}: not now (HTTP {status})", detail))
     if 400 <= status < 500:
         raise Rejected(_with_detail(f"{provider}: submit rejected (HTTP {status})", detail))
     raise Uncertain(_with_detail(f"{provider}: submit answered HTTP {status}", detail))

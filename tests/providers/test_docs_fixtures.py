@@ -501,8 +501,8 @@ async def test_a_request_the_client_ended_is_cancelled(error_type):
 @pytest.mark.xfail(strict=True, reason=(
     "fal's request errors page lists internal_error (500) among the request error types, i.e. the "
     "request's failure; is_request_outcome treats it as a possible hiccup of the result endpoint and the "
-    "read as Transient, so a request whose stored outcome is internal_error is asked about forever "
-    "(while the same error_type on the status answer fails the job at once)."))
+    "read as Transient, so a request whose stored outcome is internal_error is asked about until its "
+    "job's give-up deadline (while the same error_type on the status answer fails the job at once)."))
 async def test_internal_error_fails_the_request():
     status, body = _request_error("internal_error")
     seen, _ = await fal_status(FAL_COMPLETED, (status, body))

@@ -87,6 +87,29 @@ async def test_submit_5xx_is_uncertain(adapter_on_script, status):
         await adapter.submit(request_for(name), "job_key")
 
 
+NGINX_502 = b"<html><head><title>502 Bad Gateway</title></head><body><center>nginx</center></body></html>"
+
+
+@pytest.mark.parametrize("status, raw, headers, error", [
+    (409, b'{"detail": "conflict"}', {}, Transient),  # fal_client's RETRY_CODES: 408, 409, 429
+    (502, NGINX_502, {}, Transient),  # an ingress error: fal's app never saw the request
+    (503, NGINX_502, {}, Transient),
+    (504, NGINX_502, {}, Transient),
+    (502, NGINX_502, {"x-fal-request-id": "req-1"}, Uncertain),  # fal's own server answered
+    (502, b'{"detail": "bad gateway"}', {}, Uncertain),  # no ingress page: it may have been queued
+    (500, NGINX_502, {}, Uncertain),
+])
+async def test_a_fal_submit_is_asked_again_where_fals_own_client_sends_it_again(script, status, raw, headers,
+                                                                                 error):
+    adapter = make_adapter("fal", script.url)
+    try:
+        script.answer(status, raw=raw, headers=headers)
+        with pytest.raises(error):
+            await adapter.submit(request_for("fal"), "job_key")
+    finally:
+        await adapter.aclose()
+
+
 async def test_submit_garbage_2xx_is_uncertain(adapter_on_script):
     name, adapter, script = adapter_on_script
     script.answer(200, raw=b"<html>gateway says hi</html>")

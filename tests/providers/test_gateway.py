@@ -540,6 +540,17 @@ async def test_the_key_and_the_callback_token_never_reach_a_message(scripted):
         assert KEY not in str(error) and token not in str(error) and "denied Bearer [redacted]" in str(error)
 
 
+async def test_a_409_to_a_start_is_asked_again_with_the_same_key(scripted):
+    """Vercel's client retries a 409 (its GatewayError's retryable codes):
+    the first start with that key may still be being made; failing the job
+    would refund it while that start runs."""
+    adapter, script = scripted
+    script.answer(409, {"error": {"message": "a request with this idempotency key is in progress",
+                                  "type": "conflict"}})
+    with pytest.raises(Transient, match="HTTP 409"):
+        await adapter.submit(request_for(), "job_key")
+
+
 async def test_a_huge_error_answer_is_read_only_so_far(scripted):
     adapter, script = scripted
     script.answer(502, raw=b"x" * (4 * MiB))

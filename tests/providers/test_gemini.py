@@ -510,6 +510,18 @@ async def test_submit_errors(scripted, script, status, error):
         await scripted.submit(request_for(body()), "job_e")
 
 
+async def test_a_429_without_retry_after_waits_its_retry_info_on_submit(scripted, script):
+    """As on a status read: the wait Google says in the body is the hint
+    (a paused provider, a wait counting no failed attempt)."""
+    script.answer(429, {"error": {"code": 429, "message": "You exceeded your current quota.",
+                                  "status": "RESOURCE_EXHAUSTED",
+                                  "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo",
+                                               "retryDelay": "41s"}]}})
+    with pytest.raises(Transient) as caught:
+        await scripted.submit(request_for(body()), "job_e")
+    assert caught.value.retry_after == 41.0
+
+
 async def test_a_429_without_retry_after_waits_its_retry_info_on_status(scripted, script):
     script.answer(429, {"error": {"code": 429, "message": "You exceeded your current quota.",
                                   "status": "RESOURCE_EXHAUSTED",
