@@ -186,7 +186,10 @@ async def read_job(request: Request) -> Response:
         if changed is not None and row["status"] not in TERMINAL:
             if await changed.wait(wait_s):
                 row = await jobs.get_job(state.pool, job_id)
-    body = render_job(row, read_token_for(request, job_id), token_in_urls=via_token)
+    # A token read hands back its own token: a fresh one would let a leaked
+    # token renew itself for ever, and its expiry would mean nothing.
+    token = request.query_params["token"] if via_token else read_token_for(request, job_id)
+    body = render_job(row, token, token_in_urls=via_token)
     return JSONResponse(body, headers=CORS if via_token else None)
 
 

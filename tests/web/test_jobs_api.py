@@ -233,6 +233,11 @@ async def test_read_tokens(web, make_owner, db, make_settings):
         r = await c.get(job["status_url"], headers={"Longcall-Owner": owner.owner_id})
         assert r.status_code == 404 and r.json()["error"]["message"] == "no such owner"
     async with server.client() as anon:
+        # A token read hands back that token, not a fresh one (which would
+        # renew a leaked token for ever): its expiry holds.
+        short = make_read_token(job["id"], make_settings().secret_key, int(time.time()) + 60)
+        read = (await anon.get(f"/v1/jobs/{job['id']}", params={"token": short})).json()
+        assert read["status_url"] == f"/v1/jobs/{job['id']}?token={short}"
         # a token reads, never cancels
         r = await anon.post(f"/v1/jobs/{job['id']}/cancel?token={job['status_url'].split('token=')[1]}")
         assert r.status_code == 401
