@@ -475,7 +475,10 @@ def collect_urls(value: Any, *, only_url_keys: bool = False, limit: int = 100) -
     found: list[str] = []
 
     def is_url(s: Any) -> bool:
-        return isinstance(s, str) and s.startswith(("https://", "http://")) and len(s) <= 8192
+        # No URL holds a space or a control character: a model's text that
+        # starts with one ("https://example.com is ...") is text.
+        return isinstance(s, str) and s.startswith(("https://", "http://")) and len(s) <= 8192 \
+            and not any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in s)
 
     def walk(node: Any, key: str | None, depth: int) -> None:
         if len(found) >= limit or depth > 32:

@@ -390,6 +390,17 @@ def test_collect_urls_dedups_and_ignores_non_http():
         "https://a/1", "http://b/3")
 
 
+@pytest.mark.parametrize("text", ["https://example.com is the answer", "https://a/1\n", "http://a/ b",
+                                  "https://a/\tb", "https://a/\x00"])
+def test_text_that_starts_like_a_url_is_text(text):
+    """A model's answer beginning with a URL is not a file to fetch (as
+    one, an unknown host failed the job output_refused, refunded)."""
+    from app.providers.replicate import outputs_of
+    assert collect_urls(text) == ()
+    urls, values = outputs_of(text)
+    assert urls == () and [v.content_type for v in values] == ["text/plain; charset=utf-8"]
+
+
 def test_reason_shapes():
     assert NO_SECRETS.reason(None) is None and NO_SECRETS.reason("") is None
     assert NO_SECRETS.reason({"message": "m"}) == "m"
