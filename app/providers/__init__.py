@@ -47,15 +47,15 @@ def build_providers(settings: Settings, *, timeout_s: float = 30.0,
         timeout_s=timeout_s,
         **stale,
     )
+    inline: dict[str, Any] = {"max_output_bytes": settings.max_output_bytes, "spool_dir": spool_dir}
     providers[ProviderName.FAL] = FalProvider(
         settings.fal_base_url, settings.fal_key, jwks_url=settings.fal_jwks_url, timeout_s=timeout_s,
-        **stale,
+        **inline, **stale,
     )
     providers[ProviderName.KIE] = KieProvider(
         settings.kie_base_url, settings.kie_api_key, secret_keys=settings.secret_keys,
         webhook_hmac_key=settings.kie_webhook_hmac_key, timeout_s=timeout_s, **stale,
     )
-    inline: dict[str, Any] = {"max_output_bytes": settings.max_output_bytes, "spool_dir": spool_dir}
     providers[ProviderName.GATEWAY] = GatewayProvider(
         settings.ai_gateway_base_url, settings.ai_gateway_api_key, timeout_s=timeout_s, **inline, **stale)
     providers[ProviderName.GEMINI] = GeminiProvider(

@@ -8,16 +8,20 @@ fal's JWKS.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from app.download_errors import DownloadError, OutputTooLarge
 from app.providers.base import (
     Observation,
+    OutputFile,
     Provider,
     ProviderFacts,
     Rejected,
@@ -42,6 +46,7 @@ from app.providers.http import (
     same_origin,
     submit_call,
 )
+from app.providers.inline import InlineOutput, SpooledJson, write_inline
 from app.providers.keycache import RefetchingCache
 from app.signing.webhooks import jwks_public_keys, verify_fal
 from app.vocabulary import ProviderName
@@ -139,15 +144,44 @@ def is_request_outcome(status_code: int, body: Any) -> bool:
     return status_code in (400, 422) and "detail" in body
 
 
+# A file sent inline: `data:<type>[;param=value...];base64,<bytes>`. A model
+# run with `sync_mode` answers its files so ("the media will be returned as
+# a data URI", fal's model schemas; some models default to it).
+_DATA_URI = re.compile(r"data:(?P<type>[A-Za-z0-9.+-]+/[A-Za-z0-9.+-]+)?(?:;[A-Za-z0-9.+-]+=[^;,]*)*;base64,",
+                       re.ASCII)
+
+
+def data_uri_outputs(body: Any) -> tuple[InlineOutput, ...]:
+    """The files an answer carries as base64 data URIs under a `url` key,
+    in order, with their declared types (pure)."""
+    found: list[InlineOutput] = []
+
+    def walk(node: Any, key: str | None, depth: int) -> None:
+        if depth > 32 or len(found) >= 100:
+            return
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                walk(v, k if isinstance(k, str) else None, depth + 1)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, key, depth + 1)
+        elif key == "url" and isinstance(node, str) and (match := _DATA_URI.match(node)):
+            found.append(InlineOutput(node[match.end():], match.group("type")))
+
+    walk(body, None, 0)
+    return tuple(found)
+
+
 def result_observation(status_code: int, body: Any, secrets: Secrets) -> Observation:
     """The outcome of a COMPLETED request from its response URL (pure):
-    2xx → the files it made or, with no file in it (a text model's
-    `{"output": "..."}`), the whole answer as one JSON output; an error
-    answer → FAILED with fal's reason (a cancelled request counts as
-    CANCELLED)."""
+    2xx → the files it made (URLs to download; those sent inline as data
+    URIs the adapter writes out, `data_uri_outputs`) or, with no file in it
+    (a text model's `{"output": "..."}`), the whole answer as one JSON
+    output; an error answer → FAILED with fal's reason (a cancelled
+    request counts as CANCELLED)."""
     if 200 <= status_code < 300:
         urls = collect_urls(body, only_url_keys=True)
-        if urls:
+        if urls or data_uri_outputs(body):
             return Observation(state=TaskState.SUCCEEDED, output_urls=urls)
         return Observation(state=TaskState.SUCCEEDED, values=(json_value(body),))
     error_type = body.get("error_type") if isinstance(body, Mapping) else None
@@ -168,8 +202,12 @@ class FalProvider(Provider):
         client: httpx.AsyncClient | None = None,
         stale_after_s: float = 60.0,
         jwks_refresh_s: float = JWKS_REFRESH_S,
+        max_output_bytes: int = 2 * 1024**3,
+        spool_dir: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        self._max_output_bytes = max_output_bytes
+        self._spool_dir = spool_dir
         self.jwks_url = jwks_url
         self._key = key
         self._http = Clients(timeout_s, client)
@@ -246,7 +284,17 @@ class FalProvider(Provider):
         )
         status_code = response.status_code
         if 200 <= status_code < 300:
-            return result_observation(status_code, json_body(response, NAME, Transient), self._secrets)
+            body = json_body(response, NAME, Transient)
+            seen = result_observation(status_code, body, self._secrets)
+            inline = data_uri_outputs(body)
+            if not inline:
+                return seen
+            try:
+                return replace(seen, files=await self._write(inline))
+            except OutputTooLarge:
+                raise
+            except DownloadError as exc:  # not base64: asking again cannot help
+                return Observation(state=TaskState.FAILED, error=f"a data URI in the result: {exc}")
         try:
             body = response.json()
         except (ValueError, UnicodeDecodeError):
@@ -256,6 +304,17 @@ class FalProvider(Provider):
             detail = self._secrets.detail(response)
             raise Transient(f"{NAME}: result fetch answered HTTP {status_code}" + (f": {detail}" if detail else ""))
         return result_observation(status_code, body, self._secrets)
+
+    async def _write(self, inline: tuple[InlineOutput, ...]) -> tuple[OutputFile, ...]:
+        """Data URIs decoded into files of their own, capped (over the cap:
+        OutputTooLarge, the job fails output_too_large in the settle step;
+        not base64: DownloadError)."""
+        with SpooledJson(value=None) as doc:
+            try:
+                return await asyncio.to_thread(write_inline, inline, doc, directory=self._spool_dir,
+                                               max_bytes=self._max_output_bytes)
+            except OSError as exc:  # our disk: full, gone, read-only
+                raise Transient(f"{NAME}: could not write a data URI's file ({exc.strerror})") from None
 
     async def cancel(self, task: Task) -> None:
         try:

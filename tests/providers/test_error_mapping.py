@@ -2,12 +2,14 @@
 adapter, over real HTTP against a scripted loopback provider."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 from starlette.responses import JSONResponse, Response
 
-from app.providers.base import Rejected, SubmitRequest, Task, Transient, Uncertain
+from app.download_errors import OutputTooLarge
+from app.providers.base import Rejected, SubmitRequest, Task, TaskState, Transient, Uncertain
 from app.providers.fal import FalProvider
 from app.providers.kie import KieProvider
 from app.providers.replicate import ReplicateProvider
@@ -276,3 +278,57 @@ async def test_fal_result_errors_and_gateway_hiccups(script):
         assert observation.state.value == "failed" and observation.error == "Request timed out"
     finally:
         await adapter.aclose()
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40
+
+
+@pytest.fixture
+async def fal_result(script, tmp_path):
+    """A COMPLETED fal request whose result answer is `script.result`."""
+    def handler(seen):
+        if seen.path.endswith("/status"):
+            return JSONResponse({"status": "COMPLETED", "request_id": "task-1"})
+        return JSONResponse(script.result)
+    script.handler = handler
+    adapter = FalProvider(script.url, TOKEN, jwks_url=script.url + "/jwks", timeout_s=SHORT_TIMEOUT_S,
+                          spool_dir=str(tmp_path), max_output_bytes=len(PNG))
+    yield adapter
+    await adapter.aclose()
+
+
+async def test_a_fal_file_sent_as_a_data_uri_is_written_out_as_the_file(script, fal_result, tmp_path):
+    """`sync_mode` (fal's model schemas: "the media will be returned as a
+    data URI"): each data URI under a `url` key is the file, its declared
+    type kept; http URLs beside it are still downloaded."""
+    import base64
+    import hashlib
+    encoded = base64.b64encode(PNG).decode()
+    script.result = {"images": [{"url": f"data:image/png;base64,{encoded}", "width": 8},
+                                {"url": "https://v3.fal.media/files/a/b.png"}],
+                     "audio": {"url": f"data:audio/mpeg;name=x.mp3;base64,{encoded}"}, "seed": 3}
+    seen = await fal_result.status(task_for("fal"))
+    assert seen.state is TaskState.SUCCEEDED and seen.values == ()
+    assert seen.output_urls == ("https://v3.fal.media/files/a/b.png",)
+    assert [(f.bytes, f.sha256, f.content_type) for f in seen.files] == \
+        [(len(PNG), hashlib.sha256(PNG).hexdigest(), "image/png"), (len(PNG), hashlib.sha256(PNG).hexdigest(),
+                                                                    "audio/mpeg")]
+    assert [open(f.path, "rb").read() == PNG for f in seen.files] == [True, True]
+    for f in seen.files:
+        os.unlink(f.path)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("url, outcome", [
+    ("data:image/png;base64,%%%not-base64", TaskState.FAILED),  # asking again cannot help
+    ("data:image/png;base64," + "QUFB" * 4000, OutputTooLarge),  # over the byte cap
+])
+async def test_a_fal_data_uri_that_cannot_be_the_file(script, fal_result, tmp_path, url, outcome):
+    script.result = {"image": {"url": url}}
+    if outcome is OutputTooLarge:
+        with pytest.raises(OutputTooLarge):
+            await fal_result.status(task_for("fal"))
+    else:
+        seen = await fal_result.status(task_for("fal"))
+        assert seen.state is outcome and "data URI" in (seen.error or "")
+    assert os.listdir(tmp_path) == []
