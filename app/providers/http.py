@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -432,13 +433,25 @@ async def sync_call(
         await response.aclose()
 
 
+def sync_retry_after(headers: Mapping[str, str]) -> float | None:
+    """A sync call's wait: `retry-after-ms` first, then `Retry-After`, as the
+    official anthropic and openai clients read them (`_parse_retry_after_header`)."""
+    try:
+        ms = float(headers.get("retry-after-ms") or "nan")
+    except ValueError:
+        ms = math.nan
+    if math.isfinite(ms):
+        return max(0.0, min(ms / 1000, _MAX_RETRY_AFTER_S))
+    return retry_after_seconds(headers.get("retry-after"))
+
+
 def call_failure(response: httpx.Response, provider: str, *, secrets: Secrets) -> ProviderError:
     """What a sync call answered with an error status means (pure, on a read body)."""
     status = response.status_code
     detail = secrets.detail(response)
     if status in SYNC_RETRY_STATUSES:
         return Transient(_with_detail(f"{provider}: not now (HTTP {status})", detail),
-                         retry_after=retry_after_seconds(response.headers.get("retry-after")))
+                         retry_after=sync_retry_after(response.headers))
     if status == 408:
         return Transient(_with_detail(f"{provider}: request timeout (HTTP 408)", detail))
     if 400 <= status < 500:

@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
+import httpx
 import pytest
 
 from app.config import load_settings
@@ -458,3 +459,15 @@ def test_replicate_credentials_go_only_to_its_file_hosts():
     fal = FalProvider("https://queue.fal.run", "k", jwks_url="https://rest.fal.ai/.well-known/jwks.json")
     assert fal.download_credentials() == {}
     assert KieProvider("https://api.kie.ai", "k", secret_keys=[b"x" * 32]).download_credentials() == {}
+
+
+@pytest.mark.parametrize("headers", [{"retry-after-ms": "1500"}, {"retry-after-ms": "1500", "retry-after": "9"},
+                                     {"retry-after": "9"}, {"retry-after-ms": "soon", "retry-after": "4"},
+                                     {"retry-after-ms": "250.5"}, {}])
+def test_a_sync_calls_wait_is_read_as_the_official_clients_read_it(headers):
+    import anthropic
+    import openai
+
+    from app.providers.http import sync_retry_after
+    for client in (openai.OpenAI(api_key="x"), anthropic.Anthropic(api_key="x")):
+        assert sync_retry_after(headers) == client._parse_retry_after_header(httpx.Headers(headers))
