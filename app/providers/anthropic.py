@@ -74,7 +74,6 @@ import httpx
 from app.download_errors import OutputTooLarge
 from app.providers.base import (
     Observation,
-    Rejected,
     SubmitRequest,
     Usage,
 )
@@ -110,18 +109,16 @@ SECONDS_PER_MAX_TOKEN = 3600 / 128_000
 PLAIN_CALL_MAX_S = 600.0
 
 
-def plain_call_problem(job_input: Mapping[str, Any]) -> str | None:
-    """Why a call may not be sent plain: a plain answer sends nothing until
-    it is whole, so a long one times out here (`call_lost`, refunded)
-    while Anthropic goes on and bills it. Refused before anything is sent,
-    where the SDK refuses it; None: fine."""
+def must_stream(job_input: Mapping[str, Any]) -> bool:
+    """Whether a call asked for plain must be streamed all the same: a
+    plain answer sends nothing until it is whole, so a long one would time
+    out here (`call_lost`, refunded) while Anthropic goes on and bills it.
+    Where the SDK refuses such a call, we stream it and store the Message
+    the stream assembles, the same as the plain answer."""
     max_tokens = job_input.get("max_tokens")
     if wants_stream(job_input) or not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-        return None
-    if max_tokens * SECONDS_PER_MAX_TOKEN <= PLAIN_CALL_MAX_S:
-        return None
-    return (f"{NAME}: a plain call of max_tokens {max_tokens} may take over 10 minutes "
-            f"(Anthropic's SDK refuses it too): send it with \"stream\": true")
+        return False
+    return max_tokens * SECONDS_PER_MAX_TOKEN > PLAIN_CALL_MAX_S
 
 
 # ------------------------------------------------------------------ pure: the answer
@@ -318,11 +315,9 @@ class AnthropicProvider(SyncJsonProvider):
         return headers
 
     async def call(self, request: SubmitRequest) -> Observation:
-        problem = plain_call_problem(request.input)
-        if problem:
-            raise Rejected(problem)
-        body = call_body(NAME, request.model, request.input)
-        stream = wants_stream(request.input)
+        job_input = {**request.input, "stream": True} if must_stream(request.input) else request.input
+        body = call_body(NAME, request.model, job_input)
+        stream = wants_stream(job_input)
         return await json_call(
             self._http.submits, NAME, f"{self.base_url}{MESSAGES_PATH}", body=body, headers=self._headers(),
             secrets=self._secrets, timeout_s=request.call_timeout_s,

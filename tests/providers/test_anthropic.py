@@ -637,22 +637,30 @@ async def test_the_key_is_never_in_an_error(scripted, script, tmp_path, name):
 
 
 @pytest.mark.parametrize("max_tokens", [1024, 8192, 21_333, 21_334, 32_000, 64_000, 128_000])
-def test_a_plain_call_is_refused_exactly_where_the_official_sdk_refuses_it(max_tokens):
-    """A plain call expected to take over 10 minutes must stream: it would
-    time out here while Anthropic goes on, and bills it."""
+def test_a_plain_call_is_streamed_exactly_where_the_official_sdk_refuses_it(max_tokens):
+    """A plain call expected to take over 10 minutes is streamed: plain, it
+    would time out here while Anthropic goes on, and bills it."""
     import anthropic
 
-    from app.providers.anthropic import plain_call_problem
+    from app.providers.anthropic import must_stream
     try:
         anthropic.Anthropic(api_key="x")._calculate_nonstreaming_timeout(max_tokens, None)
         sdk_refuses = False
     except ValueError:
         sdk_refuses = True
-    assert (plain_call_problem({"max_tokens": max_tokens}) is not None) == sdk_refuses
-    assert plain_call_problem({"max_tokens": max_tokens, "stream": True}) is None
+    assert must_stream({"max_tokens": max_tokens}) == sdk_refuses
+    assert not must_stream({"max_tokens": max_tokens, "stream": True})
 
 
-async def test_a_plain_call_that_may_take_over_ten_minutes_sends_nothing(scripted, script):
-    with pytest.raises(Rejected, match='"stream": true'):
-        await scripted.call(call_request({**call_input(), "max_tokens": 64_000}))
-    assert script.seen == []
+async def test_a_long_plain_call_is_streamed_and_stored_as_the_plain_message(adapter, simulator, tmp_path):
+    plain = await adapter.call(call_request(call_input()))
+    job_input = {**call_input(), "max_tokens": 64_000}
+    long = await adapter.call(call_request(job_input))
+    digest = hashlib.sha256(call_body("anthropic", MODEL, {**job_input, "stream": True})).hexdigest()
+    assert stats(simulator)["sync_calls_by_body"].get(digest) == 1  # sent streamed
+    [short_file], [long_file] = plain.files, long.files
+    stored = [json.loads(open(f.path, "rb").read()) for f in (short_file, long_file)]
+    assert stored[1]["type"] == "message" and stored[1]["content"] == stored[0]["content"]
+    assert Message.model_validate(stored[1]).stop_reason == stored[0]["stop_reason"]
+    for f in (short_file, long_file):
+        os.unlink(f.path)
