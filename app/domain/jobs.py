@@ -167,11 +167,22 @@ left join owners a on a.id = $3 and a.platform_id = k.owner_id and o.is_platform
 left join jobs j on j.id = $2 and j.owner_id = case when $3::text is null then k.owner_id else a.id end
 where k.key_hash = $1 and k.revoked_at is null
 """
+# A page of an owner's jobs stops after the job whose input takes it past
+# LIST_PAGE_INPUT_BYTES (the first always comes): a job's input may be near
+# 1 MiB, so a hundred of them made one request hold over 100 MB, for free
+# (created and cancelled). Counted as the text each input is rendered from,
+# not its compressed size on disk.
+LIST_PAGE_INPUT_BYTES = 8 * 1024 * 1024
 LIST = f"""
-select {_JOB_COLUMNS} from jobs j
-where j.owner_id = $1 and ($2::text is null or j.status = $2)
-  and ($3::timestamptz is null or (j.created_at, j.id) < ($3, $4))
-order by j.created_at desc, j.id desc limit $5
+select * from (
+    select {_JOB_COLUMNS}, octet_length(j.input::text) as input_bytes,
+           sum(octet_length(j.input::text)) over (order by j.created_at desc, j.id desc) as page_input_bytes
+    from jobs j
+    where j.owner_id = $1 and ($2::text is null or j.status = $2)
+      and ($3::timestamptz is null or (j.created_at, j.id) < ($3, $4))
+    order by j.created_at desc, j.id desc limit $5
+) page where page_input_bytes - input_bytes < {LIST_PAGE_INPUT_BYTES}
+order by created_at desc, id desc
 """
 # Everything the settler needs, secrets included (never rendered).
 LOAD = "select * from jobs where id = $1"
@@ -187,9 +198,13 @@ async def get_job_with_key(conn, key_hash: bytes, job_id: str,
 
 
 async def list_jobs(conn, owner_id: str, *, status: str | None, limit: int,
-                    after: tuple[dt.datetime, str] | None) -> list[asyncpg.Record]:
+                    after: tuple[dt.datetime, str] | None) -> tuple[list[asyncpg.Record], bool]:
+    """Up to `limit` jobs after the cursor, newest first, and whether more
+    may follow (a page cut short by its inputs' size may be the last)."""
     created_at, job_id = after if after else (None, None)
-    return await conn.fetch(LIST, owner_id, status, created_at, job_id, limit)
+    rows = await conn.fetch(LIST, owner_id, status, created_at, job_id, limit + 1)
+    more = len(rows) > limit or bool(rows) and rows[-1]["page_input_bytes"] >= LIST_PAGE_INPUT_BYTES
+    return rows[:limit], more
 
 
 async def load(conn, job_id: str) -> asyncpg.Record | None:

@@ -160,6 +160,16 @@ def check_read_token(token: str | None, job_id: str, keys: Sequence[bytes], now:
         return False
 
 
+def read_token_expiry(token: str) -> int | None:
+    """When a well-formed read token expires (unix seconds), else None. It
+    says nothing of whether the token is genuine: check_read_token first."""
+    raw = _b64d(token, _READ_LEN)
+    if raw is None or raw[0] != _READ_VERSION:
+        return None
+    (expires_at,) = struct.unpack(">Q", raw[1:9])
+    return expires_at
+
+
 # ---------------------------------------------------------------- capability tokens
 
 

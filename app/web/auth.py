@@ -8,7 +8,7 @@ from starlette.requests import Request
 
 from app.domain import owners
 from app.jobjson import read_token
-from app.signing.tokens import check_read_token
+from app.signing.tokens import check_read_token, make_read_token, read_token_expiry
 from app.vocabulary import ApiErrorCode
 from app.web.body import invalid
 from app.web.errors import ApiError, not_found
@@ -61,6 +61,16 @@ def has_bearer(request: Request) -> bool:
 
 def read_token_for(request: Request, job_id: str) -> str:
     return read_token(job_id, request.app.state.settings.secret_key)
+
+
+def read_token_again(request: Request, job_id: str) -> str:
+    """The token a token read hands back: signed with the current key (a
+    rotation moves it over) and expiring when the one it came with does.
+    A fresh day each read would let a leaked token renew itself for ever."""
+    token = request.query_params["token"]
+    expires_at = read_token_expiry(token)
+    assert expires_at is not None  # token_allows checked it
+    return make_read_token(job_id, request.app.state.settings.secret_key, expires_at)
 
 
 def token_allows(request: Request, job_id: str) -> bool:

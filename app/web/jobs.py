@@ -20,7 +20,15 @@ from app.jobjson import iso, render_job
 from app.storage import ObjectNotFound
 from app.vocabulary import ALL_STATUSES, TERMINAL, ApiErrorCode, JobStatus
 from app.web import outputs
-from app.web.auth import acting_for, bearer_key, has_bearer, read_token_for, require_owner, token_allows
+from app.web.auth import (
+    acting_for,
+    bearer_key,
+    has_bearer,
+    read_token_again,
+    read_token_for,
+    require_owner,
+    token_allows,
+)
 from app.web.body import (
     MAX_CREDITS,
     MAX_CURSOR,
@@ -186,9 +194,7 @@ async def read_job(request: Request) -> Response:
         if changed is not None and row["status"] not in TERMINAL:
             if await changed.wait(wait_s):
                 row = await jobs.get_job(state.pool, job_id)
-    # A token read hands back its own token: a fresh one would let a leaked
-    # token renew itself for ever, and its expiry would mean nothing.
-    token = request.query_params["token"] if via_token else read_token_for(request, job_id)
+    token = read_token_again(request, job_id) if via_token else read_token_for(request, job_id)
     body = render_job(row, token, token_in_urls=via_token)
     return JSONResponse(body, headers=CORS if via_token else None)
 
@@ -263,10 +269,8 @@ async def list_jobs(request: Request) -> Response:
     limit = page_limit(request)
     cursor = query_value(request, "cursor")
     after = decode_cursor(cursor) if cursor else None
-    rows = await jobs.list_jobs(request.app.state.pool, owner_id, status=status, limit=limit + 1,
-                                after=after)
-    page = rows[:limit]
-    next_cursor = encode_cursor(page[-1]) if len(rows) > limit else None
+    page, more = await jobs.list_jobs(request.app.state.pool, owner_id, status=status, limit=limit, after=after)
+    next_cursor = encode_cursor(page[-1]) if more else None
     return JSONResponse({"jobs": [render_job(r, read_token_for(request, r["id"])) for r in page],
                          "next_cursor": next_cursor})
 

@@ -292,3 +292,10 @@ def test_make_session_token_refuses_bad_input(key, admin, nonce, expires_at) -> 
 )
 def test_form_token_table(token, keys, purpose, nonce, expected: bool) -> None:
     assert check_form_token(token, keys, purpose, nonce) is expected
+
+
+def test_read_token_expiry_reads_what_was_signed() -> None:
+    from app.signing.tokens import read_token_expiry
+    assert read_token_expiry(make_read_token("job_x", b"k" * 32, 1_900_000_000)) == 1_900_000_000
+    for bad in ("", "garbage", make_read_token("job_x", b"k" * 32, 5)[:-2]):
+        assert read_token_expiry(bad) is None

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from app.signing.tokens import make_read_token
+from app.signing.tokens import make_read_token, read_token_expiry
 
 JOB = {"provider": "sim", "model": "image-fast", "input": {"prompt": "a cat"}, "max_credits": 10}
 
@@ -233,11 +233,11 @@ async def test_read_tokens(web, make_owner, db, make_settings):
         r = await c.get(job["status_url"], headers={"Longcall-Owner": owner.owner_id})
         assert r.status_code == 404 and r.json()["error"]["message"] == "no such owner"
     async with server.client() as anon:
-        # A token read hands back that token, not a fresh one (which would
-        # renew a leaked token for ever): its expiry holds.
+        # A token read hands back a token expiring with the one it came with
+        # (a fresh day each read would renew a leaked token for ever).
         short = make_read_token(job["id"], make_settings().secret_key, int(time.time()) + 60)
         read = (await anon.get(f"/v1/jobs/{job['id']}", params={"token": short})).json()
-        assert read["status_url"] == f"/v1/jobs/{job['id']}?token={short}"
+        assert read["status_url"] == f"/v1/jobs/{job['id']}?token={short}"  # the same key: the same token
         # a token reads, never cancels
         r = await anon.post(f"/v1/jobs/{job['id']}/cancel?token={job['status_url'].split('token=')[1]}")
         assert r.status_code == 401
@@ -283,6 +283,29 @@ async def test_list_pagination_and_filter(web, make_owner, db):
             assert r.status_code == 400, bad
 
 
+async def test_a_page_of_large_inputs_stops_near_8_mib_and_the_cursor_goes_on(web, make_owner, db):
+    """A hundred inputs of near 1 MiB each made one list request hold over
+    100 MB: a page stops after the job that takes its inputs past 8 MiB,
+    and the cursor carries on from there; nothing is skipped or repeated."""
+    from app.domain.jobs import LIST_PAGE_INPUT_BYTES
+    server = await web()
+    owner = await make_owner(credits=1000, max_active=100)
+    big = {**JOB, "input": {"prompt": "x" * 1_000_000}}
+    async with server.client(owner.api_key) as c:
+        ids = [(await c.post("/v1/jobs", json=big)).json()["id"] for _ in range(12)]
+        pages, cursor = [], None
+        while True:
+            page = (await c.get("/v1/jobs", params={"limit": 100, **({"cursor": cursor} if cursor else {})})).json()
+            pages.append([j["id"] for j in page["jobs"]])
+            cursor = page["next_cursor"]
+            if not cursor:
+                break
+    per_job = len('{"prompt": ""}') + 1_000_000
+    first = LIST_PAGE_INPUT_BYTES // per_job + 1  # the job that crosses the line comes too
+    assert [len(p) for p in pages] == [first, 12 - first]
+    assert [i for p in pages for i in p] == list(reversed(ids))
+
+
 async def test_health_and_openapi(web, db):
     server = await web()
     async with server.client() as c:
@@ -305,6 +328,7 @@ async def test_secret_key_rotation_accepts_old_tokens(web, make_owner, db):
     async with rotating.client() as anon:
         assert (await anon.get(job["status_url"])).status_code == 200   # old token, both keys: accepted
         fresh = (await anon.get(job["status_url"])).json()["status_url"]  # re-issued with the new key
+        assert read_token_expiry(fresh.split("token=")[1]) == read_token_expiry(job["status_url"].split("token=")[1])
     async with after.client() as anon:
         assert (await anon.get(job["status_url"])).status_code == 404   # old key dropped: refused
         assert (await anon.get(fresh)).status_code == 200

@@ -194,9 +194,9 @@ async def owner(request: Request, session: Session) -> Response:
         found = await operator.owner(conn, owner_id)
         if found is None:
             return not_found_page(request, session, "owner")
-        rows = await jobs.list_jobs(conn, owner_id, status=status_filter, limit=JOBS_PER_PAGE + 1, after=after)
-    shown = rows[:JOBS_PER_PAGE]
-    more = encode_cursor(shown[-1]) if len(rows) > JOBS_PER_PAGE else None
+        shown, more_jobs = await jobs.list_jobs(conn, owner_id, status=status_filter, limit=JOBS_PER_PAGE,
+                                                after=after)
+    more = encode_cursor(shown[-1]) if more_jobs else None
     # The grant's one-time key is made here, with the form, and rides in the
     # confirmation page's URL: that page loaded again (Back, a reload) keeps
     # it, so confirming twice moves the money once.
