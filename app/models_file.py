@@ -23,7 +23,14 @@ from decimal import Decimal, InvalidOperation
 from fnmatch import fnmatchcase
 from typing import Any
 
-from app.providers.base import LOST_CALL_MARGIN_S, SYNC_CALL_TIMEOUT_S, ProviderFacts, provider_kind
+from app.providers.base import (
+    ELEVENLABS_SOUND_MODEL,
+    ELEVENLABS_SPEECH_PREFIX,
+    LOST_CALL_MARGIN_S,
+    SYNC_CALL_TIMEOUT_S,
+    ProviderFacts,
+    provider_kind,
+)
 from app.vocabulary import ProviderKind, ProviderName
 
 PRICE_UNITS = ("job", "output", "second", "1k_tokens", "1k_characters", "provider")
@@ -181,11 +188,6 @@ def glob_problem(glob: str) -> str | None:
     return None
 
 
-# ElevenLabs' sync models: `sound-generation` and `text-to-speech/<voice_id>`.
-ELEVENLABS_SYNC_MODEL = "sound-generation"
-ELEVENLABS_SYNC_PREFIX = "text-to-speech/"
-
-
 def may_be_sync(provider: str, glob: str) -> bool:
     """Whether an entry can match a sync model (pure): every model of a
     sync provider; ElevenLabs' when the glob matches `sound-generation` or
@@ -193,10 +195,10 @@ def may_be_sync(provider: str, glob: str) -> bool:
     word's: any model it matches begins with that start)."""
     if provider != ProviderName.ELEVENLABS:
         return provider_kind(provider, glob) is ProviderKind.SYNC
-    if fnmatchcase(ELEVENLABS_SYNC_MODEL, glob):
+    if fnmatchcase(ELEVENLABS_SOUND_MODEL, glob):
         return True
     start = glob[:min((i for i, c in enumerate(glob) if c in "*?["), default=len(glob))]
-    return ELEVENLABS_SYNC_PREFIX.startswith(start) or start.startswith(ELEVENLABS_SYNC_PREFIX)
+    return ELEVENLABS_SPEECH_PREFIX.startswith(start) or start.startswith(ELEVENLABS_SPEECH_PREFIX)
 
 
 def entry_kind(provider: str, glob: str) -> ProviderKind:

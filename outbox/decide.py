@@ -274,7 +274,7 @@ def after_read_error(what: str, error: ProviderError, job: JobRecord, *, now: dt
     if isinstance(error, Rejected):
         return Retry(attempts, f"{what}: {error}")
     if isinstance(error, Transient) and error.retry_after:
-        wait = max(error.retry_after, policy.MIN_ASKED_WAIT_S)
+        wait = asked_wait(error.retry_after)
     else:
         age_s = job.age_s(now)
         wait = min(policy.OUTAGE_WAIT_MAX_S, max(facts.poll_delay(age_s), age_s / 10))
@@ -357,9 +357,13 @@ def transient(result: Transient, attempts: int) -> Retry:
     never fails them, the job's give-up deadline bounding the wait. A zero
     hint is no hint."""
     if result.retry_after:
-        return Retry(attempts, str(result), failed=False,
-                     after_s=max(result.retry_after, policy.MIN_ASKED_WAIT_S))
+        return Retry(attempts, str(result), failed=False, after_s=asked_wait(result.retry_after))
     return Retry(attempts, str(result))
+
+
+def asked_wait(retry_after: float) -> float:
+    """A wait the provider asked for, at least policy.MIN_ASKED_WAIT_S."""
+    return max(retry_after, policy.MIN_ASKED_WAIT_S)
 
 
 UNFINDABLE = "the submit's outcome is unknown and the task could not be looked up"

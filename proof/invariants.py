@@ -48,7 +48,7 @@ from app.delivery import LAST_ATTEMPT_LATE_S, SEND_TIMEOUT_S
 from app.domain import states
 from app.models_file import NO_MODELS, ModelsFile, Price
 from app.providers import provider_kind
-from app.providers.base import Usage, UsageUnit
+from app.providers.base import ELEVENLABS_SOUND_MODEL, ELEVENLABS_SPEECH_PREFIX, Usage, UsageUnit
 from app.simulator import anthropic as sim_anthropic
 from app.simulator import elevenlabs as sim_elevenlabs
 from app.simulator import fal as sim_fal
@@ -235,8 +235,8 @@ def _whole(value: Any) -> bool:
 def is_sent_text(provider: str, model: str) -> bool:
     """ElevenLabs' sync calls (speech, sound effects): measured by the
     characters of the text sent."""
-    return provider == ProviderName.ELEVENLABS and (model.startswith("text-to-speech/")
-                                                     or model == "sound-generation")
+    return provider == ProviderName.ELEVENLABS and (model.startswith(ELEVENLABS_SPEECH_PREFIX)
+                                                     or model == ELEVENLABS_SOUND_MODEL)
 
 
 def provider_usage(provider: str, model: str, input_: Mapping[str, Any],

@@ -175,9 +175,9 @@ where k.key_hash = $1 and k.revoked_at is null
 LIST_PAGE_INPUT_BYTES = 8 * 1024 * 1024
 LIST = f"""
 select * from (
-    select {_JOB_COLUMNS}, octet_length(j.input::text) as input_bytes,
-           sum(octet_length(j.input::text)) over (order by j.created_at desc, j.id desc) as page_input_bytes
-    from jobs j
+    select {_JOB_COLUMNS}, size.input_bytes,
+           sum(size.input_bytes) over (order by j.created_at desc, j.id desc) as page_input_bytes
+    from jobs j, lateral (select octet_length(j.input::text) as input_bytes) size
     where j.owner_id = $1 and ($2::text is null or j.status = $2)
       and ($3::timestamptz is null or (j.created_at, j.id) < ($3, $4))
     order by j.created_at desc, j.id desc limit $5

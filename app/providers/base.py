@@ -386,6 +386,9 @@ def webhook_field(raw_body: bytes, *path: str) -> object:
 
 SYNC_PROVIDERS: tuple[str, ...] = (ProviderName.ANTHROPIC, ProviderName.OPENAI)
 ELEVENLABS_ASYNC_MODELS = ("dubbing",)
+# ElevenLabs' sync models: `text-to-speech/<voice_id>` and `sound-generation`.
+ELEVENLABS_SPEECH_PREFIX = "text-to-speech/"
+ELEVENLABS_SOUND_MODEL = "sound-generation"
 
 
 def provider_kind(provider: str, model: str) -> ProviderKind:

@@ -98,6 +98,8 @@ from urllib.parse import quote
 import httpx
 
 from app.providers.base import (
+    ELEVENLABS_SOUND_MODEL,
+    ELEVENLABS_SPEECH_PREFIX,
     LOST_CALL_MARGIN_S,
     SYNC_CALL_TIMEOUT_S,
     Observation,
@@ -299,8 +301,8 @@ def reaches_back_to(dubs: Sequence[Any], since: datetime) -> bool:
 
 # ------------------------------------------------------------------ sync calls: speech and sound effects
 
-SPEECH_PREFIX = "text-to-speech/"
-SOUND_MODEL = "sound-generation"
+SPEECH_PREFIX = ELEVENLABS_SPEECH_PREFIX
+SOUND_MODEL = ELEVENLABS_SOUND_MODEL
 # The body's `model_id` when none is given (the OpenAPI's default of
 # Body_Text_to_speech_v1_text_to_speech__voice_id__post.model_id).
 DEFAULT_SPEECH_MODEL_ID = "eleven_multilingual_v2"

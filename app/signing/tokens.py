@@ -141,17 +141,16 @@ def make_read_token(job_id: str, key: bytes, expires_at: int) -> str:
 def check_read_token(token: str | None, job_id: str, keys: Sequence[bytes], now: float) -> bool:
     """True only for an unexpired token minted for this job by one of ``keys``."""
     try:
-        raw = _b64d(token, _READ_LEN)
-        if raw is None or raw[0] != _READ_VERSION:
+        parts = _read_token_parts(token)
+        if parts is None:
             return False
+        expires_at, given = parts
         if not isinstance(job_id, str) or not job_id:
             return False
         if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
             return False
-        (expires_at,) = struct.unpack(">Q", raw[1:9])
         if expires_at > _MAX_EXPIRES or now >= expires_at:
             return False
-        given = raw[9:]
         ok = False
         for key in _usable_keys(keys):
             ok |= hmac.compare_digest(given, _read_tag(key, job_id, expires_at))
@@ -160,14 +159,20 @@ def check_read_token(token: str | None, job_id: str, keys: Sequence[bytes], now:
         return False
 
 
-def read_token_expiry(token: str) -> int | None:
-    """When a well-formed read token expires (unix seconds), else None. It
-    says nothing of whether the token is genuine: check_read_token first."""
+def _read_token_parts(token: Any) -> tuple[int, bytes] | None:
+    """A well-formed read token's expiry and tag, else None (not checked)."""
     raw = _b64d(token, _READ_LEN)
     if raw is None or raw[0] != _READ_VERSION:
         return None
     (expires_at,) = struct.unpack(">Q", raw[1:9])
-    return expires_at
+    return expires_at, raw[9:]
+
+
+def read_token_expiry(token: str) -> int | None:
+    """When a well-formed read token expires (unix seconds), else None. It
+    says nothing of whether the token is genuine: check_read_token first."""
+    parts = _read_token_parts(token)
+    return parts[0] if parts else None
 
 
 # ---------------------------------------------------------------- capability tokens

@@ -246,12 +246,12 @@ async def test_a_status_endpoint_down_past_the_attempt_cap_fails_no_job(web, mak
     server = await web(SIM_URL=sim.url)
     await start_settler(make_settings(SIM_URL=sim.url))
     owner = await make_owner(credits=100)
-    async with server.client(owner.api_key) as c:
-        created = (await c.post("/v1/jobs", json=job(duration_s=1.0))).json()
-    job_id = created["id"]
-    await wait_for_status(db, job_id, "running")
-    set_faults(sim.url, status_error=1)
+    set_faults(sim.url, status_error=1)  # before the job: no read of it can work until cleared
     try:
+        async with server.client(owner.api_key) as c:
+            created = (await c.post("/v1/jobs", json=job())).json()
+        job_id = created["id"]
+        await wait_for_status(db, job_id, "running")
         await _pull_due(db, job_id, "settle", attempts=MAX_ATTEMPTS["settle"] - 1)  # its last counted attempt
 
         async def read_failed_and_waited():
