@@ -231,14 +231,16 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
         if job.claimed_task_id:
             return ConfirmClaim(job.claimed_task_id)
         return until_deadline(job, now)
-    if expired:
-        return expired
     if seen is None:
+        # At the deadline too: a task that finished just before it (its
+        # webhook lost, or the timer late) was done and billed, and its
+        # outputs are the user's. Only an answer that the task goes on (or
+        # no answer) expires the job.
         return ASK_PROVIDER
     if isinstance(seen, ProviderError):
-        return after_read_error("status", seen, job, now=now, attempts=attempts, facts=facts)
+        return expired or after_read_error("status", seen, job, now=now, attempts=attempts, facts=facts)
     if seen.state == TaskState.RUNNING:
-        return Wait(timers.next_check_delay(facts, callback_registered=job.callback_registered,
+        return expired or Wait(timers.next_check_delay(facts, callback_registered=job.callback_registered,
                                             age_s=job.age_s(now), seconds_to_deadline=job.seconds_to_deadline(now)),
                     "still running")
     if seen.state == TaskState.CANCELLED and seen.stopped_at_deadline:

@@ -105,7 +105,8 @@ STATUS_TRANSIENT = R(3, "status: 503 from status", failed=False, after_s=9.0)
 STATUS_UNCERTAIN = R(3, "status: read timeout", failed=False, after_s=3.0)
 
 # status, what the provider said, deadline -> decision. Only a running job
-# is asked about; the deadline comes before any answer.
+# is asked about, at its deadline too: there an answer that the task is
+# over is acted on, and one that it goes on (or none) expires the job.
 SETTLE_TABLE = [
     # queued: no task id yet (a webhook beat the submit)
     (S.QUEUED,     "not asked",   "ahead",  NOT_SUBMITTED),
@@ -147,17 +148,17 @@ SETTLE_TABLE = [
     (S.SUBMITTING, "uncertain",   "passed", NOT_SUBMITTED),
     # running
     (S.RUNNING,    "not asked",   "ahead",  ASK),
-    (S.RUNNING,    "not asked",   "passed", EXPIRE_RUNNING),
+    (S.RUNNING,    "not asked",   "passed", ASK),  # once more: it may have finished
     (S.RUNNING,    "running",     "ahead",  STILL_RUNNING),
     (S.RUNNING,    "running",     "passed", EXPIRE_RUNNING),
     (S.RUNNING,    "succeeded 2", "ahead",  STORE_TWO),
-    (S.RUNNING,    "succeeded 2", "passed", EXPIRE_RUNNING),
+    (S.RUNNING,    "succeeded 2", "passed", STORE_TWO),  # done (and billed) before we looked
     (S.RUNNING,    "succeeded 0", "ahead",  STORE_NONE),
-    (S.RUNNING,    "succeeded 0", "passed", EXPIRE_RUNNING),
+    (S.RUNNING,    "succeeded 0", "passed", STORE_NONE),
     (S.RUNNING,    "failed",      "ahead",  PROVIDER_FAILED),
-    (S.RUNNING,    "failed",      "passed", EXPIRE_RUNNING),
+    (S.RUNNING,    "failed",      "passed", PROVIDER_FAILED),
     (S.RUNNING,    "cancelled",   "ahead",  PROVIDER_CANCELLED),
-    (S.RUNNING,    "cancelled",   "passed", EXPIRE_RUNNING),
+    (S.RUNNING,    "cancelled",   "passed", PROVIDER_CANCELLED),
     (S.RUNNING,    "rejected",    "ahead",  STATUS_REJECTED),
     (S.RUNNING,    "rejected",    "passed", EXPIRE_RUNNING),
     (S.RUNNING,    "transient",   "ahead",  STATUS_TRANSIENT),
@@ -282,7 +283,7 @@ STOPPED_AT_DEADLINE = Close(S.EXPIRED, JobError.GIVE_UP, decide.STOPPED_AT_DEADL
 
 @pytest.mark.parametrize("status, deadline, expected", [
     (S.RUNNING,   "ahead",  STOPPED_AT_DEADLINE),
-    (S.RUNNING,   "passed", EXPIRE_RUNNING),  # our own deadline first: the provider is asked to stop too
+    (S.RUNNING,   "passed", STOPPED_AT_DEADLINE),
     (S.SUCCEEDED, "ahead",  DONE),
     (S.CANCELLED, "ahead",  DONE),
     (S.EXPIRED,   "passed", DONE),
@@ -424,9 +425,9 @@ def test_a_cost_over_the_reservation_is_capped():
         StoreOutputs(("https://out.example/0",), charge=10, cost=25)
 
 
-# A success in each of its forms (a running job asked about it): values are
-# stored after the URLs; outputs the provider says it removed fail the job
-# with a full refund; a reported completion time dates the outputs' expiry
+# A success in each of its forms (a running job asked about it, before its
+# deadline or at it): values are stored after the URLs; outputs the provider
+# says it removed fail the job with a full refund; a reported completion time dates the outputs' expiry
 # (FACTS: the default lifetime, 3600 s).
 TEXT = OutputValue(b"hello Alice", "text/plain; charset=utf-8")
 JSON = OutputValue(b'["hello"," Alice"]', "application/json")
@@ -440,13 +441,13 @@ SUCCESSES = {
 OUTPUTS_REMOVED = Close(S.FAILED, JobError.OUTPUT_EXPIRED, "the provider removed the outputs before they were copied")
 SUCCESS_TABLE = [
     ("values only", "ahead", StoreOutputs((), charge=10, values=(TEXT, JSON))),
-    ("values only", "passed", EXPIRE_RUNNING),
+    ("values only", "passed", StoreOutputs((), charge=10, values=(TEXT, JSON))),
     ("urls and values", "ahead", StoreOutputs(("https://out.example/0",), charge=3, values=(TEXT,), cost=3)),
-    ("urls and values", "passed", EXPIRE_RUNNING),
+    ("urls and values", "passed", StoreOutputs(("https://out.example/0",), charge=3, values=(TEXT,), cost=3)),
     ("removed", "ahead", OUTPUTS_REMOVED),
-    ("removed", "passed", EXPIRE_RUNNING),
+    ("removed", "passed", OUTPUTS_REMOVED),
     ("removed, urls still listed", "ahead", OUTPUTS_REMOVED),
-    ("removed, urls still listed", "passed", EXPIRE_RUNNING),
+    ("removed, urls still listed", "passed", OUTPUTS_REMOVED),
 ]
 
 

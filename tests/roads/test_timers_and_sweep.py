@@ -79,6 +79,38 @@ async def test_the_give_up_deadline_expires_refunds_and_cancels_at_the_provider(
     await assert_money_balances(db)
 
 
+async def test_a_task_done_before_the_deadline_is_kept_when_the_deadline_is_seen_late(web, make_settings,
+                                                                                     make_owner, sim, settlers,
+                                                                                     db):
+    """The task finished (and the provider billed it), its webhook was lost,
+    and the settler next looks only after the give-up deadline (it was down,
+    or the timer ran late): the provider is asked once more, and the job
+    succeeds with its outputs and its cost, rather than expire refunded
+    with the paid result thrown away."""
+    set_faults(sim.url, drop_webhook=1)
+    server = await web(SIM_URL=sim.url)
+    settings = make_settings(SIM_URL=sim.url, PUBLIC_URL=server.url)
+    settler = await settlers(settings)
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        job_id = (await c.post("/v1/jobs", json=sim_job(duration_s=0.2, cost=3))).json()["id"]
+    row = await wait_for_status(db, job_id, "running")
+    await settler.stop()
+
+    async def task_done() -> bool:
+        return sim_task(sim.url, row["provider_task_id"])["status"] == "succeeded"
+    await wait_until(task_done)
+    await db.execute("update jobs set deadline_at = now() - interval '1 second' where id = $1", job_id)
+    await db.execute("update outbox set not_before = now() where job_id = $1", job_id)  # the deadline's timer
+
+    await settlers(settings)
+    row = await wait_for_status(db, job_id, "succeeded", timeout=10)
+    assert (row["credits_charged"], row["credits_refunded"]) == (3, 7)
+    assert await db.fetchval("select count(*) from assets where job_id = $1", job_id) == 1
+    assert sim_task(sim.url, row["provider_task_id"])["status"] == "succeeded"  # nothing asked to stop it
+    await assert_money_balances(db)
+
+
 async def _no_intents(pool, job_id: str) -> bool:
     return await pool.fetchval("select count(*) from outbox where job_id = $1", job_id) == 0
 
@@ -144,7 +176,7 @@ async def test_with_nothing_in_flight_the_sweep_is_one_statement(web, make_setti
     pool = await asyncpg.create_pool(migrated, min_size=1, max_size=2, init=counter.init)
     try:
         counter.queries.clear()
-        report = await sweep_once(pool)
+        report = await sweep_once(pool, make_settings())
         assert len(counter.queries) == 1 and report.next_due is None
         assert not (report.queued_submit or report.queued_settle or report.expired)
 
@@ -156,7 +188,7 @@ async def test_with_nothing_in_flight_the_sweep_is_one_statement(web, make_setti
             job_id = (await c.post("/v1/jobs", json=sim_job(duration_s=600))).json()["id"]
         await wait_for_status(db, job_id, "running")
         counter.queries.clear()
-        report = await sweep_once(pool)
+        report = await sweep_once(pool, make_settings())
         assert len(counter.queries) == 1 and report.next_due is not None
         assert not (report.queued_submit or report.queued_settle or report.expired)
     finally:
