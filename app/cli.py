@@ -248,7 +248,7 @@ def _cmd_jobs(args) -> int:
 
     async def run(conn):
         if args.failed:
-            await recovery.resolve_failed(conn, args.job_id)
+            await recovery.resolve_failed(conn, args.job_id, settings)
             return "failed (refunded)"
         await recovery.resolve_with_task(conn, args.job_id, args.task_id)
         return f"running with provider task {args.task_id}"

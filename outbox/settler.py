@@ -115,7 +115,7 @@ class Settler:
                     if self.due_now or (self.next_wake is not None and now >= self.next_wake):
                         await self._drain()
                     if self.sweep_interval_s and time.time() >= next_sweep:
-                        report = await sweep_once(self.ctx.pool)
+                        report = await sweep_once(self.ctx.pool, self.ctx.settings)
                         next_sweep = time.time() + self.sweep_interval_s
                         self.next_wake = _epoch(report.next_due)
                         if report.queued_submit or report.queued_settle:

@@ -3,6 +3,8 @@ not be looked up. An operator attaches the task found by hand (the job runs
 and settles normally) or declares it failed (refund)."""
 from __future__ import annotations
 
+from app.capacity import is_capped
+from app.config import Settings
 from app.domain import jobs
 from app.vocabulary import JobError, JobStatus
 
@@ -44,10 +46,15 @@ async def resolve_with_task(conn, job_id: str, task_id: str, first_check_after_s
         raise InvalidState(await _status(conn, job_id))
 
 
-async def resolve_failed(conn, job_id: str) -> jobs.Closed:
+async def resolve_failed(conn, job_id: str, settings: Settings) -> jobs.Closed:
+    """`settings`: whether the job's provider is capped, so that the place
+    it held wakes a job waiting for it (not the 60 s safety net)."""
+    provider = await conn.fetchval("select provider from jobs where id = $1", job_id)
+    if provider is None:
+        raise LookupError(job_id)
     closed = await jobs.close(conn, job_id, JobStatus.FAILED, error_code=JobError.RESOLVED_FAILED,
                               error_message="resolved as failed by an operator",
-                              from_statuses=(JobStatus.UNCERTAIN,))
+                              from_statuses=(JobStatus.UNCERTAIN,), wake_capacity=is_capped(settings, provider))
     if closed is None:
         raise InvalidState(await _status(conn, job_id))
     return closed

@@ -44,7 +44,7 @@ async def resolve_job(request: Request) -> Response:
             if action == "task":
                 await recovery.resolve_with_task(conn, job_id, body["provider_task_id"])
             else:
-                await recovery.resolve_failed(conn, job_id)
+                await recovery.resolve_failed(conn, job_id, request.app.state.settings)
     except LookupError:
         raise not_found() from None
     except recovery.InvalidState as e:

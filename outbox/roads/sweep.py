@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from app.capacity import is_capped
 from app.config import Settings
 from app.domain import jobs
 from app.metrics import SWEEP_FOUND, SWEEPS
@@ -54,7 +55,9 @@ class SweepReport:
                 f"queued for jobs that had none, {len(self.expired)} uncertain jobs expired")
 
 
-async def sweep_once(pool) -> SweepReport:
+async def sweep_once(pool, settings: Settings) -> SweepReport:
+    """`settings`: which providers are capped, so that an expired job's
+    place wakes a job waiting for it."""
     report = SweepReport()
     SWEEPS.inc()
     probe = await pool.fetchrow(PROBE, BATCH)
@@ -66,11 +69,12 @@ async def sweep_once(pool) -> SweepReport:
             if status == JobStatus.UNCERTAIN:
                 row = await jobs.load(conn, job_id)
                 expire = decide.give_up(JobStatus.UNCERTAIN, row["deadline_at"], probe["now"]) if row else None
-                if expire is None:
+                if row is None or expire is None:
                     continue
                 closed = await jobs.close(conn, job_id, expire.status, error_code=expire.error_code,
                                           error_message=expire.message,
-                                          cancel_at_provider=expire.cancel_at_provider)
+                                          cancel_at_provider=expire.cancel_at_provider,
+                                          wake_capacity=is_capped(settings, row["provider"]))
                 if closed:
                     report.expired.append(job_id)
             elif status in (JobStatus.QUEUED, JobStatus.SUBMITTING):
@@ -93,7 +97,7 @@ async def sweep_once_command(settings: Settings) -> int:
 
     pool = await db.create_pool(settings.dsn, role="sweep", min_size=1, max_size=2)
     try:
-        report = await sweep_once(pool)
+        report = await sweep_once(pool, settings)
     finally:
         await pool.close()
     print(report.summary())

@@ -15,14 +15,17 @@ import pytest
 
 from app.capacity import CAPACITY_BACKSTOP_S, Caps, capped_providers, caps_for, is_capped
 from app.config import load_settings
+from app.domain import recovery
 from app.models_file import parse
 from app.vocabulary import IntentKind, JobError, JobStatus
 from outbox import decide, policy
+from outbox.roads.sweep import sweep_once
 from tests.outbox.conftest import assert_money_balances, server_now, wait_for_settlers, wait_for_status
 from tests.outbox.test_races import env_of, settler_process
 from tests.providers.scripted import Script
+from tests.roads.conftest import provider_env
 from tests.support.loopback import LoopbackServer
-from tests.support.simulator import stats
+from tests.support.simulator import clear_faults, set_faults, stats
 
 S = JobStatus
 SUBMITTED = ("submitting", "running", "uncertain")
@@ -184,6 +187,59 @@ async def test_a_freed_place_goes_to_a_waiting_job_that_can_take_it(web, make_ow
     # Woken by other-b's close, then its own second; the safety net would take about 57 s here.
     assert waited < CAPACITY_BACKSTOP_S / 2, f"other-d waited {waited:.1f} s for a free place"
     await wait_for_status(db, held_c, S.SUCCEEDED, timeout=30)
+
+@pytest.mark.parametrize("closed_by", ["operator", "sweep"])
+async def test_an_uncertain_jobs_place_wakes_a_waiting_job_when_it_is_closed(closed_by, web, make_owner, db, sim,
+                                                                           make_settings, start_settler):
+    """fal capped at 1; its one place held by an uncertain job (its submit's
+    answer lost, fal has no look-up). Closing it, whether an operator
+    resolves it as failed or the backstop sweep expires it past its
+    deadline, wakes the job waiting for the place: it runs at once, not
+    after the 60 s safety net."""
+    set_faults(sim.url, submit_timeout_after_create=1, drop_webhook=1)
+    env = provider_env(sim.url, MAX_IN_FLIGHT_FAL="1")
+    server = await web(**env)
+    settings = make_settings(**env)
+    await start_settler(settings, provider_timeout_s=1.0)
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        async def create() -> str:
+            r = await c.post("/v1/jobs", json={"provider": "fal", "model": "fal-ai/flux/dev", "max_credits": 10,
+                                               "input": {"duration_s": 0.2}})
+            assert r.status_code == 202, r.text
+            return r.json()["id"]
+
+        held = await create()
+        await wait_for_status(db, held, S.UNCERTAIN, timeout=30)
+        clear_faults(sim.url)
+        waiting = await create()
+        await wait_until_waiting(db, waiting)
+
+    closed_at = time.monotonic()
+    if closed_by == "operator":
+        async with db.acquire() as conn:
+            await recovery.resolve_failed(conn, held, settings)
+    else:
+        await db.execute("update jobs set deadline_at = now() - interval '1 second' where id = $1", held)
+        assert (await sweep_once(db, settings)).expired == [held]
+    await wait_for_status(db, waiting, S.SUCCEEDED, timeout=CAPACITY_BACKSTOP_S + 30)
+    waited = time.monotonic() - closed_at
+    assert waited < CAPACITY_BACKSTOP_S / 2, f"the waiting job waited {waited:.1f} s for the freed place"
+    await assert_money_balances(db)
+
+
+async def wait_until_waiting(db, job_id: str) -> None:
+    """The job's submit claimed it, found the cap full and went back to
+    wait (its intent unclaimed and due later: the safety net's time)."""
+    for _ in range(300):
+        row = await db.fetchrow("select o.claimed_until, o.not_before > now() + interval '30 seconds' as later"
+                                " from outbox o join jobs j on j.id = o.job_id"
+                                " where o.job_id = $1 and o.kind = 'submit' and j.status = 'queued'", job_id)
+        if row and row["claimed_until"] is None and row["later"]:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{job_id} never waited for a place")
+
 
 async def test_a_429_pauses_that_provider_in_every_settler_while_others_flow(
         web, make_owner, db, sim, make_settings, start_settler, serve_script):

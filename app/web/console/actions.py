@@ -107,7 +107,7 @@ async def resolve(request: Request, session: Session, fields: dict[str, str]) ->
             if resolution.task_id is not None:
                 await recovery.resolve_with_task(conn, job_id, resolution.task_id)
             else:
-                await recovery.resolve_failed(conn, job_id)
+                await recovery.resolve_failed(conn, job_id, request.app.state.settings)
     except LookupError:
         return refused(request, session, "There is no such job.", 404)
     except recovery.InvalidState as e:
