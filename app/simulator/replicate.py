@@ -173,9 +173,12 @@ def prediction_view(task: Task, now: float) -> dict[str, Any]:
             "predict_time": round(task.done_at - task.started_at, 6),
             "total_time": round(task.done_at - task.created_at, 6),
         }
-    # The API removes a prediction's output an hour after it ends (the
-    # output's lifetime here): `output` becomes null, `data_removed` true.
-    removed = phase is Phase.SUCCEEDED and now >= task.outputs_expire_at
+    # The API removes "all input parameters, output values, output files,
+    # and logs" of a prediction an hour after it ends (docs: Data retention;
+    # the output's lifetime here): `input` is left empty, `output` null and
+    # a success's `data_removed` true.
+    aged = phase in (Phase.SUCCEEDED, Phase.FAILED) and now >= task.outputs_expire_at
+    removed = phase is Phase.SUCCEEDED and aged
     base = f"{task.base_url}{PREFIX}/v1/predictions/{task.id}"
     # `web`, `get` and `cancel` are required; `web` is the prediction's page
     # on the website (replicate.com/p/<id>), here on the simulator's host
@@ -184,7 +187,7 @@ def prediction_view(task: Task, now: float) -> dict[str, Any]:
         "id": task.id,
         "model": task.model,
         "version": task.extra["version"],
-        "input": task.input,
+        "input": {} if aged else task.input,
         "logs": "",
         "output": _output(task) if phase is Phase.SUCCEEDED and not removed else None,
         "data_removed": removed,

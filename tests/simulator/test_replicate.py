@@ -244,14 +244,16 @@ def test_output_text_makes_the_output_that_string(client):
     assert done["output"] == "hello Alice" and done["data_removed"] is False
 
 
-def test_after_the_output_lifetime_the_output_is_removed(client):
+def test_after_the_output_lifetime_the_output_and_the_input_are_removed(client):
     # 2 s of lifetime: the first read after the end falls well within it.
+    # Replicate's "Data retention": "all input parameters, output values,
+    # output files, and logs are automatically removed after an hour".
     prediction = create(client, {"duration_s": 0.1, "output_ttl_s": 2}).json()
     done = wait_status(client, prediction, ("succeeded",))
-    assert done["data_removed"] is False
+    assert done["data_removed"] is False and done["input"] == {"duration_s": 0.1, "output_ttl_s": 2}
     (url,) = done["output"]
     removed = wait_until(lambda: (p := get(client, prediction))["data_removed"] and p, 10, "data_removed")
-    assert removed["status"] == "succeeded" and removed["output"] is None
+    assert removed["status"] == "succeeded" and removed["output"] is None and removed["input"] == {}
     assert removed["completed_at"] == done["completed_at"]
     assert httpx.get(url, trust_env=False).status_code == 404
     text = create(client, {"duration_s": 0, "output_text": "hi", "output_ttl_s": 0.01}).json()
