@@ -9,7 +9,7 @@ import math
 
 import pytest
 from client_support import DROP, FAST, FORWARD, FORWARD_THEN_DROP, POOL_CREDITS, SLOW, Loopback, Reply
-from longcall_client import APIConnectionError, CapacityExhausted, Unavailable
+from longcall_client import APIConnectionError, CapacityExhausted, NotFound, Unavailable
 
 UNAVAILABLE = Reply(503, b'{"error": {"code": "unavailable", "message": "the database is unavailable"}}',
                     {"retry-after": "0"})
@@ -100,6 +100,75 @@ async def test_a_cancel_whose_answer_was_lost_is_not_sent_again(proxy, make_api)
     assert caught.value.code == "connection_error" and caught.value.status is None
     assert len(server.requests_to("POST", f"/v1/jobs/{job.id}/cancel")) == 1
     assert (await make_api().jobs.get(job.id)).status == "cancelled"  # it did happen, once
+
+
+@pytest.mark.parametrize("given", [None, "  my-own-key-2  "], ids=["generated", "given, with spaces"])
+async def test_a_create_whose_retries_ran_out_says_its_key_and_sending_it_again_makes_no_second_job(
+        given, proxy, make_owner, make_api):
+    """Every answer to the create is lost: the server made the job, the
+    client's retries ran out. The error holds the key every attempt sent
+    (a given one stripped, as the API strips it), and a create sent again
+    with it gets that same job."""
+    owner = make_owner()
+    server = proxy(lambda seen: FORWARD_THEN_DROP if seen.path == "/v1/jobs" else FORWARD)
+    api = make_api(owner.api_key, base_url=server.url, max_retries=1)
+    with pytest.raises(APIConnectionError) as caught:
+        await api.jobs.create("sim", "image-slow", SLOW, max_credits=3, idempotency_key=given)
+    sent = {c.headers["idempotency-key"] for c in server.requests_to("POST", "/v1/jobs")}
+    assert sent == {caught.value.idempotency_key}
+    if given is not None:
+        assert caught.value.idempotency_key == "my-own-key-2"
+
+    direct = make_api(owner.api_key)
+    job = await direct.jobs.create("sim", "image-slow", SLOW, max_credits=3,
+                                   idempotency_key=caught.value.idempotency_key)
+    assert [j.id for j in await direct.all_jobs()] == [job.id]  # one job, made by the lost create
+    assert (await direct.account.get()).credits.balance == POOL_CREDITS - 3
+    await direct.jobs.cancel(job.id)
+
+
+async def test_an_error_of_a_call_without_a_key_says_none(proxy, make_api):
+    server = proxy(lambda seen: UNAVAILABLE)
+    with pytest.raises(Unavailable) as caught:
+        await make_api(base_url=server.url, max_retries=0).jobs.get("job_" + "0" * 24)
+    assert caught.value.idempotency_key is None
+
+
+OVERLOADED = Reply(503, b"<html>overloaded</html>", {"content-type": "text/html"})  # a proxy's page
+
+
+async def test_a_wait_polls_on_through_an_outage_and_returns_the_finished_job(proxy, make_api):
+    """The first 9 polls get no answer (dropped, then 503s): three calls'
+    worth of the client's own retries. The wait goes on polling, and
+    returns the job once it is done, well before its timeout."""
+    job = await make_api().jobs.create("sim", "image-fast", FAST, max_credits=1)
+    state = {"n": 0}
+
+    def decide(seen):
+        if seen.method == "GET" and seen.path.startswith(f"/v1/jobs/{job.id}"):
+            state["n"] += 1
+            if state["n"] <= 9:
+                return DROP if state["n"] <= 5 else OVERLOADED
+        return FORWARD
+    server = proxy(decide)
+    api = make_api(base_url=server.url, max_retries=2)
+    done = await api.jobs.wait(job.id, 120)
+    assert done.status == "succeeded" and state["n"] > 9
+
+
+async def test_a_wait_no_poll_of_which_answered_raises_at_its_timeout(proxy, make_api):
+    server = proxy(lambda seen: DROP)
+    api = make_api(base_url=server.url, max_retries=0)
+    with pytest.raises(APIConnectionError):
+        await api.jobs.wait("job_" + "0" * 24, 1.5)
+    assert len(server.seen) >= 2  # polled again after the first failure
+
+
+async def test_a_wait_for_no_such_job_raises_at_once(proxy, make_api):
+    server = proxy(lambda seen: FORWARD)
+    with pytest.raises(NotFound):
+        await make_api(base_url=server.url).jobs.wait("job_" + "0" * 24, 60)
+    assert len(server.seen) == 1
 
 
 async def test_nothing_listening_is_a_connection_error_without_the_key(make_api):

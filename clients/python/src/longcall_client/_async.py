@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from longcall_client import _core as core
+from longcall_client.errors import LongcallError
 from longcall_client.models import (
     Account,
     DownloadedOutput,
@@ -47,7 +48,7 @@ class _Transport:
             except httpx.TransportError as e:
                 delay = core.delay_after_error(call, attempt, self.config.max_retries, e)
                 if delay is None:
-                    raise core.connection_error(e) from e
+                    raise core.with_key(core.connection_error(e), call) from e
             else:
                 if response.status_code < 400:
                     return response
@@ -58,13 +59,16 @@ class _Transport:
                 delay = core.delay_after_status(call, attempt, self.config.max_retries, response.status_code,
                                                 response.headers)
                 if delay is None:
-                    raise core.answer_error(response.status_code, response.headers, content)
+                    raise core.with_key(core.answer_error(response.status_code, response.headers, content), call)
             await asyncio.sleep(delay)
             attempt += 1
 
     async def json(self, call: core.Call) -> Any:
         response = await self.send(call)
-        return core.decode_answer(response.status_code, response.headers, response.content)
+        try:
+            return core.decode_answer(response.status_code, response.headers, response.content)
+        except LongcallError as e:
+            raise core.with_key(e, call) from None
 
     async def open_storage(self, url: str) -> httpx.Response:
         """A streamed GET of a presigned URL, without the API key, redirects followed."""
@@ -119,12 +123,26 @@ class AsyncJobs:
 
     async def wait(self, job_id: str, timeout: float, *, owner: str | None = None) -> Job:
         """Long-poll the job until it is terminal or `timeout` seconds have passed.
-        Returns the job either way: check `job.terminal` (no exception on timeout)."""
+        Returns the job either way: check `job.terminal` (no exception on timeout).
+        A poll the network or the server failed (no answer, a 5xx, a 429) is
+        polled again until `timeout`; only if no poll ever answered is its
+        error raised. An error about the job (NotFound, Unauthenticated) is raised at once."""
         deadline = time.monotonic() + timeout
+        seen: Job | None = None
         while True:
-            job = await self.get(job_id, wait=core.poll_seconds(deadline - time.monotonic()), owner=owner)
+            try:
+                job = await self.get(job_id, wait=core.poll_seconds(deadline - time.monotonic()), owner=owner)
+            except LongcallError as e:
+                remaining = deadline - time.monotonic()
+                if not core.wait_outlasts(e) or (remaining <= 0 and seen is None):
+                    raise
+                if remaining <= 0 and seen is not None:
+                    return seen
+                await asyncio.sleep(core.wait_pause(e, remaining))
+                continue
             if job.terminal or time.monotonic() >= deadline:
                 return job
+            seen = job
 
     async def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
         """Cancel a job not yet terminal (fully refunded); InvalidState if it already is."""

@@ -22,7 +22,15 @@ from urllib.parse import quote, urljoin
 
 import httpx
 
-from longcall_client.errors import APIConnectionError, InvalidRequest, LongcallError, UnexpectedResponse, error_for
+from longcall_client.errors import (
+    APIConnectionError,
+    InternalError,
+    InvalidRequest,
+    LongcallError,
+    Unavailable,
+    UnexpectedResponse,
+    error_for,
+)
 from longcall_client.models import DownloadedOutput
 
 VERSION = "0.1.0"
@@ -104,9 +112,10 @@ def idempotency_key_of(given: str | None) -> str:
     another key could not even be sent as a header; or a new UUID."""
     if given is None:
         return str(uuid.uuid4())
-    if not _IDEMPOTENCY_KEY.fullmatch(given.strip()):
+    key = given.strip()  # as the API strips it; a header cannot carry the spaces anyway
+    if not _IDEMPOTENCY_KEY.fullmatch(key):
         raise InvalidRequest("invalid_request", "idempotency_key must be 1 to 255 printable ASCII characters", None)
-    return given
+    return key
 
 
 def create_job(provider: str, model: str, input: dict[str, Any], max_credits: int, metadata: dict[str, Any] | None,
@@ -353,11 +362,35 @@ def connection_error(error: httpx.TransportError) -> APIConnectionError:
     return APIConnectionError("connection_error", message, None)
 
 
+def with_key(error: LongcallError, call: Call) -> LongcallError:
+    """`error`, holding the Idempotency-Key its call sent (None: it sent none)."""
+    error.idempotency_key = call.headers.get("Idempotency-Key")
+    return error
+
+
 def storage_failure(status: int) -> LongcallError:
     return UnexpectedResponse("unexpected_response", f"the output's storage answered HTTP {status}", status)
 
 
 # --------------------------------------------------------------------- wait
+
+WAIT_PAUSE_S = 1.0  # between the polls of a wait the server or the network failed
+
+
+def wait_outlasts(error: LongcallError) -> bool:
+    """Whether a wait polls on through `error`: no answer, or a server (or a
+    proxy) in trouble — a 5xx, a 429, an answer that is not the API's. An
+    answer about the job or the request (a 401, a 404) ends it."""
+    return isinstance(error, APIConnectionError | Unavailable | InternalError | UnexpectedResponse) \
+        or error.status == 429
+
+
+def wait_pause(error: LongcallError, remaining: float) -> float:
+    """Seconds before a wait polls again after `error`: what the server asked
+    (Retry-After), else WAIT_PAUSE_S, never past the wait's end."""
+    asked = error.retry_after if error.retry_after is not None and error.retry_after > 0 else WAIT_PAUSE_S
+    return max(0.0, min(asked, remaining))
+
 
 def poll_seconds(remaining: float) -> float:
     """The `?wait=` of the next long poll with `remaining` seconds left (0: read at once)."""

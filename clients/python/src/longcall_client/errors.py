@@ -22,6 +22,11 @@ class LongcallError(Exception):
         self.status = status
         # Seconds the server asked us to wait (Retry-After), where it sent one.
         self.retry_after = retry_after
+        # The Idempotency-Key the failed call sent (a create, a grant), the
+        # one it generated included: the client's retries ran out, and the
+        # server may have acted. Pass it as `idempotency_key` to send the
+        # same request again without making a second job or grant.
+        self.idempotency_key: str | None = None
 
     def __str__(self) -> str:
         status = f" (HTTP {self.status})" if self.status is not None else ""
