@@ -462,11 +462,15 @@ def sync_call(job: JobRecord, result: Observation | ProviderError | None, *, now
     an earlier claim's call without a definite answer (`was_in_doubt`: its
     worker died, or lost its claim mid-call) never calls again."""
     if result is None:
+        if job.was_in_doubt and facts.can_recover:
+            # At the deadline too: a lost call found in the provider's
+            # records was done, and billed; only one not found expires.
+            return RECOVER
         expired = give_up(job.status, job.deadline_at, now)
         if expired:
             return expired
         if job.was_in_doubt:
-            return RECOVER if facts.can_recover else lost_call(job, now=now, facts=facts)
+            return lost_call(job, now=now, facts=facts)
         return CALL
     if isinstance(result, Observation):
         return _store(job, result)
@@ -499,14 +503,16 @@ def after_recover(job: JobRecord, found: Observation | ProviderError | None, *, 
                   facts: ProviderFacts) -> SyncDecision:
     """`found`: what the provider's records hold of the lost call. Only an
     unambiguous answer is adopted; several candidates (Rejected) are none;
-    until the threshold a call not found yet may still finish there."""
+    until the threshold a call not found yet may still finish there — past
+    the give-up deadline too: it is made, and billed, all the same."""
     if isinstance(found, Observation):
         return _store(job, found)
     if isinstance(found, Rejected):
         return Close(JobStatus.FAILED, JobError.CALL_LOST, f"{LOST_CALL}: {found}")
     lost = lost_call(job, now=now, facts=facts)
     if isinstance(lost, Close):
-        return lost
+        # Past its deadline as well, the job expires rather than fail.
+        return give_up(job.status, job.deadline_at, now) or lost
     if isinstance(found, ProviderError):
         return Retry(attempts, f"recover: {found}")
     return Wait(min(lost.delay_s, RECOVER_AGAIN_S), NOT_FOUND_YET)

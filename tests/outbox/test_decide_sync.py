@@ -52,14 +52,14 @@ def job(*, in_doubt: bool = False, deadline_s: float = 3600.0, started: dt.datet
 
 
 LOST = "the call's answer was lost and cannot be found"
+EXPIRE_UNSENT = Close(S.EXPIRED, JobError.GIVE_UP, "the give-up deadline passed before the job was submitted",
+                      cancel_at_provider=True)
 
 
 @pytest.mark.parametrize(("name", "record", "facts", "result", "expected"), [
     # Before anything is sent.
     ("first claim: call", job(), FACTS, None, CALL),
-    ("first claim past the deadline: expire", job(deadline_s=-1), FACTS, None,
-     Close(S.EXPIRED, JobError.GIVE_UP, "the give-up deadline passed before the job was submitted",
-           cancel_at_provider=True)),
+    ("first claim past the deadline: expire", job(deadline_s=-1), FACTS, None, EXPIRE_UNSENT),
     ("earlier call without answer, 100 s in: wait out the 900 s threshold", job(in_doubt=True), FACTS, None,
      Wait(800.0, "the call may still be running in a worker that lost its claim")),
     ("earlier call without answer, past the threshold: call_lost",
@@ -67,6 +67,9 @@ LOST = "the call's answer was lost and cannot be found"
      Close(S.FAILED, JobError.CALL_LOST, LOST)),
     ("earlier call without answer, provider keeps records: look it up", job(in_doubt=True), RECOVERABLE, None,
      RECOVER),
+    ("earlier call without answer, past the deadline: expire", job(in_doubt=True, deadline_s=-1), FACTS, None, EXPIRE_UNSENT),
+    ("earlier call without answer, past the deadline, provider keeps records: look it up first",
+     job(in_doubt=True, deadline_s=-1), RECOVERABLE, None, RECOVER),
     # What the call said.
     ("answered: store it, charged the reservation", job(), FACTS, ANSWER, STORE),
     ("rejected (4xx): fail, refunded", job(), FACTS, Rejected("llm: call rejected (HTTP 400)"),
@@ -99,6 +102,18 @@ def test_sync_call(name, record, facts, result, expected):
      R(ATTEMPTS, "recover: elevenlabs: HTTP 500")),
     ("look-up failed past the threshold: call_lost", job(in_doubt=True, started=NOW - dt.timedelta(seconds=901)),
      Transient("elevenlabs: HTTP 500"), Close(S.FAILED, JobError.CALL_LOST, LOST)),
+    # Past the give-up deadline: what the records hold is still the job's;
+    # nothing found (or no answer) expires it.
+    ("found past the deadline: store it", job(in_doubt=True, deadline_s=-1), ANSWER, STORE),
+    ("not there yet past the deadline: look again, the call may still finish", job(in_doubt=True, deadline_s=-1),
+     None, Wait(10.0, "the lost call is not in the provider's records yet")),
+    ("look-up failed past the deadline: back off", job(in_doubt=True, deadline_s=-1),
+     Transient("elevenlabs: HTTP 500"), R(ATTEMPTS, "recover: elevenlabs: HTTP 500")),
+    ("not there past the threshold and the deadline: expire",
+     job(in_doubt=True, deadline_s=-1, started=NOW - dt.timedelta(seconds=901)), None, EXPIRE_UNSENT),
+    ("look-up failed past the threshold and the deadline: expire",
+     job(in_doubt=True, deadline_s=-1, started=NOW - dt.timedelta(seconds=901)),
+     Transient("elevenlabs: HTTP 500"), EXPIRE_UNSENT),
 ])
 def test_after_recover(name, record, found, expected):
     assert decide.after_recover(record, found, now=NOW, attempts=ATTEMPTS, facts=RECOVERABLE) == expected

@@ -258,7 +258,9 @@ stale_after_s = 30
 """
 
 
-async def _kill_mid_call(web, make_owner, db, sim, make_settings, tmp_objects, tmp_path, job: dict) -> tuple:
+async def _kill_mid_call(web, make_owner, db, sim, make_settings, tmp_objects, tmp_path, job: dict, *,
+                         deadline_passed: bool = False) -> tuple:
+    """`deadline_passed`: the job's give-up deadline is behind it by the time a settler looks again."""
     models = tmp_path / "models.toml"
     models.write_text(MODELS)
     env = env_of(make_settings, sim, tmp_objects, SETTLER_LEASE_S=2, MODELS_FILE=models,
@@ -273,9 +275,12 @@ async def _kill_mid_call(web, make_owner, db, sim, make_settings, tmp_objects, t
     first.wait(10)
     row = await db.fetchrow("select * from jobs where id = $1", created["id"])
     assert row["status"] == JobStatus.SUBMITTING and row["provider_call_started_at"] is not None
+    if deadline_passed:
+        await db.execute("update jobs set deadline_at = now() - interval '1 second' where id = $1", created["id"])
     second = settler_process(env)
     try:
-        row = await wait_for_status(db, created["id"], (JobStatus.SUCCEEDED, JobStatus.FAILED), timeout=60)
+        row = await wait_for_status(db, created["id"], (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.EXPIRED),
+                                    timeout=60)
     finally:
         second.send_signal(signal.SIGTERM)
         second.wait(30)
@@ -294,11 +299,15 @@ async def test_a_settler_killed_mid_call_leaves_call_lost_refunded_after_the_thr
     await assert_money_balances(db)
 
 
+@pytest.mark.parametrize("deadline_passed", [False, True], ids=["before the deadline", "past the deadline"])
 async def test_a_settler_killed_mid_speech_is_recovered_from_history_charged_once(
-        web, make_owner, db, sim, make_settings, tmp_objects, tmp_path):
+        deadline_passed, web, make_owner, db, sim, make_settings, tmp_objects, tmp_path):
+    """Past the give-up deadline too: the speech was made, and billed; its
+    audio in the provider's history is the user's, not thrown away expired."""
     row, got = await _kill_mid_call(web, make_owner, db, sim, make_settings, tmp_objects, tmp_path,
-                                    speech_job("Recovered, not repeated.", duration_s=3.0, output_bytes=30_000))
-    assert row["status"] == JobStatus.SUCCEEDED, row["last_error"]
+                                    speech_job("Recovered, not repeated.", duration_s=3.0, output_bytes=30_000),
+                                    deadline_passed=deadline_passed)
+    assert row["status"] == JobStatus.SUCCEEDED, (row["last_error"], row["error_message"])
     (out,) = got["outputs"]
     assert (out["content_type"], out["bytes"]) == ("audio/mpeg", 30_000)
     assert got["credits"] == {"reserved": 10, "charged": 10, "refunded": 0}
