@@ -67,7 +67,8 @@ EXPIRE_UNSENT = Close(S.EXPIRED, JobError.GIVE_UP, "the give-up deadline passed 
      Close(S.FAILED, JobError.CALL_LOST, LOST)),
     ("earlier call without answer, provider keeps records: look it up", job(in_doubt=True), RECOVERABLE, None,
      RECOVER),
-    ("earlier call without answer, past the deadline: expire", job(in_doubt=True, deadline_s=-1), FACTS, None, EXPIRE_UNSENT),
+    ("earlier call without answer, past the deadline: expire", job(in_doubt=True, deadline_s=-1), FACTS, None,
+     EXPIRE_UNSENT),
     ("earlier call without answer, past the deadline, provider keeps records: look it up first",
      job(in_doubt=True, deadline_s=-1), RECOVERABLE, None, RECOVER),
     # What the call said.
@@ -105,8 +106,8 @@ def test_sync_call(name, record, facts, result, expected):
     # Past the give-up deadline: what the records hold is still the job's;
     # nothing found (or no answer) expires it.
     ("found past the deadline: store it", job(in_doubt=True, deadline_s=-1), ANSWER, STORE),
-    ("not there yet past the deadline: look again, the call may still finish", job(in_doubt=True, deadline_s=-1),
-     None, Wait(10.0, "the lost call is not in the provider's records yet")),
+    ("not there yet past the deadline: look again, the call may still finish",
+     job(in_doubt=True, deadline_s=-1), None, Wait(10.0, "the lost call is not in the provider's records yet")),
     ("look-up failed past the deadline: back off", job(in_doubt=True, deadline_s=-1),
      Transient("elevenlabs: HTTP 500"), R(ATTEMPTS, "recover: elevenlabs: HTTP 500")),
     ("not there past the threshold and the deadline: expire",
