@@ -58,6 +58,12 @@ export interface CreateJobParams extends CallOptions {
   idempotencyKey?: string;
 }
 
+export interface GetJobOptions extends CallOptions {
+  /** A long poll: the server holds the answer until the job changes or this many seconds pass (at most
+   * MAX_WAIT_S, 30; to the millisecond). The request's timeout grows by it. */
+  wait?: number;
+}
+
 export interface ListJobsParams extends CallOptions {
   status?: JobStatus;
   limit?: number;
@@ -65,7 +71,8 @@ export interface ListJobsParams extends CallOptions {
 }
 
 export interface WaitOptions extends CallOptions {
-  /** Give up waiting after this long and return the job as it is; default 10 minutes. */
+  /** Give up waiting after this long and return the job as it is; default 10 minutes. An outage on the
+   * way (no connection, a 5xx, a 429) is waited out until then. */
   timeoutMs?: number;
 }
 
@@ -117,6 +124,8 @@ export function pollSeconds(leftMs: number): number {
 const DEFAULT_WAIT_TIMEOUT_MS = 10 * 60_000;
 // A long poll answered at once without a change must not become a tight loop.
 const MIN_POLL_INTERVAL_S = 0.1;
+// The pause before polling again after a failed poll, when the server did not say how long (Retry-After).
+const OUTAGE_PAUSE_S = 1;
 
 export class Client {
   readonly jobs: Jobs;
@@ -147,7 +156,20 @@ function platformCommon(options: PlatformCallOptions) {
 
 function segment(value: string, name: string): string {
   if (typeof value !== "string" || value === "") throw new TypeError(`${name} must be a non-empty string`);
+  // A "." or ".." segment is resolved away by the URL parser, and the call reaches another route
+  // (jobs.cancel("..") was POST /v1/cancel). Escaping cannot help here as it does in the Python client:
+  // fetch's (WHATWG) parser takes %2E and %2E%2E for dot segments too. No id of the API is one: refused.
+  if (value === "." || value === "..") throw new TypeError(`${name} must not be "." or ".."`);
   return encodeURIComponent(value);
+}
+
+/** An error a wait outlives: no answer, the server or a gateway away or overloaded (500, 502, 503, 504,
+ * 429), or a page not the API's in its place. The job goes on running meanwhile; a wait that gave up would
+ * have its caller submit it a second time. Any other error (401, 404, ...) would only come again. */
+function isOutage(err: unknown): err is LongcallError {
+  if (!(err instanceof LongcallError)) return false;
+  if (err instanceof ConnectionError || [429, 500, 502, 503, 504].includes(err.status)) return true;
+  return err.code === "unexpected_response" && (err.status >= 500 || (err.status >= 200 && err.status < 300));
 }
 
 export class Jobs {
@@ -164,13 +186,25 @@ export class Jobs {
     if (params.metadata !== undefined) body.metadata = params.metadata;
     const key = idempotencyKeyOf(params.idempotencyKey);
     return this.http.json<Job>({
-      method: "POST", path: "/v1/jobs", body, headers: { "Idempotency-Key": key }, retry: true, ...common(params),
+      method: "POST", path: "/v1/jobs", body, idempotencyKey: key, retry: true, ...common(params),
     });
   }
 
-  get(jobId: string, options: CallOptions = {}): Promise<Job> {
-    return this.http.json<Job>({ method: "GET", path: `/v1/jobs/${segment(jobId, "jobId")}`, retry: true,
-      ...common(options) });
+  /** GET /v1/jobs/{id}: the job now; with `wait` (seconds, ≤ 30), held until the job changes or `wait`
+   * passes, as the Python client's `get(job_id, wait=)`. */
+  get(jobId: string, options: GetJobOptions = {}): Promise<Job> {
+    const { wait } = options;
+    if (wait !== undefined && !(typeof wait === "number" && Number.isFinite(wait) && wait >= 0)) {
+      throw new TypeError("wait must be a number of seconds ≥ 0");
+    }
+    // To the millisecond, as the Python client sends it; a larger one than the server takes is its 400.
+    const waitS = wait === undefined ? 0 : Math.round(wait * 1000) / 1000;
+    return this.http.json<Job>({
+      method: "GET", path: `/v1/jobs/${segment(jobId, "jobId")}`, query: { wait: waitS > 0 ? waitS : undefined },
+      retry: true, ...common(options),
+      // The server may hold the answer for the whole wait: the timeout bounds the time beyond it.
+      timeoutMs: (options.timeoutMs ?? this.http.timeoutMs) + waitS * 1000,
+    });
   }
 
   list(params: ListJobsParams = {}): Promise<JobList> {
@@ -181,21 +215,33 @@ export class Jobs {
   }
 
   /** Long-polls the job (`?wait=`, at most 30 s a request) until it is terminal or `timeoutMs` has
-   * passed, and returns it either way: check `status`. */
+   * passed, and returns it either way: check `status`. An outage meanwhile (a connection error, a 5xx, a
+   * 429, each after the client's own retries) is waited out, polling again every second or so (the
+   * server's Retry-After where it sends one); at the deadline the last job seen is returned, or, if no
+   * poll ever succeeded, the last error thrown. Other errors (401, 404, ...) are thrown at once. */
   async wait(jobId: string, options: WaitOptions = {}): Promise<Job> {
-    const path = `/v1/jobs/${segment(jobId, "jobId")}`;
     const deadline = Date.now() + (options.timeoutMs ?? DEFAULT_WAIT_TIMEOUT_MS);
-    const perRequestMs = this.http.timeoutMs;
+    let last: Job | undefined;
     for (;;) {
       const waitS = pollSeconds(deadline - Date.now());
       const started = Date.now();
-      const job = await this.http.json<Job>({
-        method: "GET", path, query: { wait: waitS > 0 ? waitS : undefined }, retry: true,
-        owner: options.owner, signal: options.signal, timeoutMs: perRequestMs + waitS * 1000,
-      });
-      if (isTerminal(job.status) || Date.now() >= deadline) return job;
-      const tookS = (Date.now() - started) / 1000;
-      if (tookS < MIN_POLL_INTERVAL_S) await sleep(MIN_POLL_INTERVAL_S - tookS);
+      let pauseS: number;
+      try {
+        const job = await this.get(jobId, { wait: waitS, owner: options.owner, signal: options.signal });
+        if (isTerminal(job.status) || Date.now() >= deadline) return job;
+        last = job;
+        pauseS = MIN_POLL_INTERVAL_S - (Date.now() - started) / 1000;
+      } catch (err) {
+        if (!isOutage(err)) throw err;
+        const leftS = (deadline - Date.now()) / 1000;
+        if (leftS <= 0) {
+          if (last) return last;
+          throw err;
+        }
+        // Never past the deadline: the poll after this pause is the last look, at it.
+        pauseS = Math.min(Math.max(err.retryAfter ?? OUTAGE_PAUSE_S, MIN_POLL_INTERVAL_S), leftS);
+      }
+      if (pauseS > 0) await sleep(pauseS, options.signal);
     }
   }
 
@@ -336,8 +382,7 @@ export class Owners {
     if (params.maxActive !== undefined) body.max_active = params.maxActive;
     const key = idempotencyKeyOf(params.idempotencyKey);
     return this.http.json<Owner>({
-      method: "POST", path: "/v1/owners", body, headers: { "Idempotency-Key": key }, retry: true,
-      ...platformCommon(params),
+      method: "POST", path: "/v1/owners", body, idempotencyKey: key, retry: true, ...platformCommon(params),
     });
   }
 
@@ -361,8 +406,8 @@ export class Owners {
     if (options.reason !== undefined) body.reason = options.reason;
     const key = idempotencyKeyOf(options.idempotencyKey);
     return this.http.json<Owner>({
-      method: "POST", path: `/v1/owners/${segment(ownerId, "ownerId")}/grants`, body,
-      headers: { "Idempotency-Key": key }, retry: true, ...platformCommon(options),
+      method: "POST", path: `/v1/owners/${segment(ownerId, "ownerId")}/grants`, body, idempotencyKey: key,
+      retry: true, ...platformCommon(options),
     });
   }
 }
@@ -374,8 +419,10 @@ export class Owners {
  */
 function idempotencyKeyOf(given: string | undefined): string {
   if (given === undefined) return globalThis.crypto.randomUUID();
-  if (!/^[\x20-\x7e]{1,255}$/.test(given.trim())) {
+  // Stripped, as the API strips it (and fetch would): the key sent, and the one its errors carry.
+  const key = given.trim();
+  if (!/^[\x20-\x7e]{1,255}$/.test(key)) {
     throw new InvalidRequestError("invalid_request", "idempotencyKey must be 1 to 255 printable ASCII characters", 0);
   }
-  return given;
+  return key;
 }

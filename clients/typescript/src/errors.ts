@@ -4,6 +4,8 @@
 export interface LongcallErrorOptions {
   /** Seconds the server asked us to wait (its Retry-After), where it sent one. */
   retryAfter?: number;
+  /** The Idempotency-Key the call was sent with (a create, a grant). */
+  idempotencyKey?: string;
   cause?: unknown;
 }
 
@@ -14,6 +16,11 @@ export class LongcallError extends Error {
   /** The HTTP status; 0 when no answer arrived. */
   readonly status: number;
   readonly retryAfter?: number;
+  /** The `Idempotency-Key` a create or grant was sent with (the client's own when none was given), on every
+   * error such a call throws; undefined for a call without one. Once the client's own retries have run out
+   * the server may still have acted: the same call sent again with this key gets that job, owner or grant
+   * back (200) instead of a second one. */
+  readonly idempotencyKey?: string;
 
   constructor(code: string, message: string, status: number, options: LongcallErrorOptions = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
@@ -21,6 +28,7 @@ export class LongcallError extends Error {
     this.code = code;
     this.status = status;
     if (options.retryAfter !== undefined) this.retryAfter = options.retryAfter;
+    if (options.idempotencyKey !== undefined) this.idempotencyKey = options.idempotencyKey;
   }
 }
 

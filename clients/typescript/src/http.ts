@@ -1,6 +1,6 @@
 // One HTTP exchange with longcall: headers, timeout, bounded retries, and the API's errors as exceptions.
 
-import { ConnectionError, LongcallError, apiError } from "./errors.js";
+import { ConnectionError, LongcallError, type LongcallErrorOptions, apiError } from "./errors.js";
 
 export type FetchLike = (input: string | URL, init?: RequestInit) => Promise<Response>;
 
@@ -20,6 +20,9 @@ export interface Call {
   query?: Record<string, string | number | undefined | null> | undefined;
   body?: unknown;
   headers?: Record<string, string> | undefined;
+  /** Sent as `Idempotency-Key`, the same on every retry; every LongcallError the call throws carries it,
+   * so the caller can send the call again with it once the client's own retries have run out. */
+  idempotencyKey?: string | undefined;
   owner?: string | undefined;
   /** False for the owners API: the platform's own, where the server refuses a Longcall-Owner, so neither
    * the client's default owner nor any other is sent. */
@@ -64,9 +67,16 @@ export class Transport {
 
   constructor(options: TransportOptions) {
     if (!options.baseUrl) throw new TypeError("baseUrl is required");
-    if (!options.apiKey) throw new TypeError("apiKey is required");
+    // Trimmed (a key read from a file keeps its newline), then checked, and the message never quotes it:
+    // a key fetch refuses as a header value (an inner newline, a NUL, a character beyond ASCII) would
+    // otherwise be quoted whole in fetch's error, and thrown as a connection error though nothing was sent.
+    const apiKey = typeof options.apiKey === "string" ? options.apiKey.trim() : "";
+    if (!apiKey) throw new TypeError("apiKey is required");
+    if (!API_KEY.test(apiKey)) {
+      throw new TypeError("apiKey must be printable ASCII without spaces or control characters");
+    }
     this.baseUrl = options.baseUrl.replace(/\/+$/, "");
-    this.#apiKey = options.apiKey;
+    this.#apiKey = apiKey;
     this.defaultOwner = options.owner;
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.maxRetries = options.maxRetries ?? DEFAULT_MAX_RETRIES;
@@ -76,44 +86,54 @@ export class Transport {
 
   /** The call's JSON answer (undefined for 204). */
   async json<T>(call: Call): Promise<T> {
-    const response = await this.send(call);
-    if (response.status === 204) {
-      await response.body?.cancel();
-      return undefined as T;
-    }
-    const text = await response.text();
+    const { response, text } = await this.attempts(call, true);
+    if (response.status === 204) return undefined as T;
     try {
       return JSON.parse(text) as T;
     } catch {
       throw new LongcallError("unexpected_response", `${call.method} ${call.path}: the answer is not JSON`,
-        response.status);
+        response.status, this.keyOf(call));
     }
   }
 
-  /** The answer to a call, 2xx (or 3xx with acceptRedirect); any other answer is thrown as its error. */
+  /** The answer to a call, 2xx (or 3xx with acceptRedirect), its body not yet read (a download streams
+   * it); any other answer is thrown as its error. */
   async send(call: Call): Promise<Response> {
+    return (await this.attempts(call, false)).response;
+  }
+
+  /** Sends `call` until it is answered, within the retries allowed; with `readBody`, a 2xx answer's body
+   * is read as part of the attempt. */
+  private async attempts(call: Call, readBody: boolean): Promise<{ response: Response; text: string }> {
     const url = this.url(call);
     // Encoded once, before anything is sent: a body JSON cannot carry is the caller's error, never a retry.
     const body = call.body === undefined ? undefined : jsonBody(call.body);
     for (let attempt = 0; ; attempt++) {
       const retriesLeft = call.retry === true && attempt < this.maxRetries;
       let response: Response;
+      let text = "";
       try {
         response = await this.fetch(url, this.init(call, body));
+        // The body is part of the attempt: the server has acted once the headers are out, so a connection
+        // cut, or the timeout firing, while the body arrives is a connection error like any other, sent
+        // again with the same key. (Read outside, it was a bare TypeError, and the caller made a second job.)
+        if (readBody && response.ok) text = await response.text();
       } catch (err) {
         if (call.signal?.aborted) throw call.signal.reason;
         if (!retriesLeft) throw this.connectionError(call, err);
-        await sleep(backoffS(attempt));
+        await sleep(backoffS(attempt), call.signal);
         continue;
       }
-      if (response.ok) return response;
+      if (response.ok) return { response, text };
       // (A browser hides a manual redirect: an "opaqueredirect" of status 0.)
-      if (call.acceptRedirect && (isRedirect(response.status) || response.type === "opaqueredirect")) return response;
+      if (call.acceptRedirect && (isRedirect(response.status) || response.type === "opaqueredirect")) {
+        return { response, text };
+      }
       const retryAfter = retryAfterSeconds(response.headers.get("retry-after"));
       const delay = retriesLeft ? delayAfterStatus(response.status, retryAfter, attempt) : undefined;
       if (delay !== undefined) {
-        await response.body?.cancel();
-        await sleep(delay);
+        await discard(response);
+        await sleep(delay, call.signal);
         continue;
       }
       throw await this.errorOf(call, response, retryAfter);
@@ -137,6 +157,7 @@ export class Transport {
     };
     const owner = call.actsForOwner === false ? undefined : call.owner ?? this.defaultOwner;
     if (owner) headers["Longcall-Owner"] = owner;
+    if (call.idempotencyKey !== undefined) headers["Idempotency-Key"] = call.idempotencyKey;
     if (body !== undefined) headers["Content-Type"] = "application/json";
     const timeout = AbortSignal.timeout(call.timeoutMs ?? this.timeoutMs);
     const signal = call.signal ? AbortSignal.any([timeout, call.signal]) : timeout;
@@ -150,11 +171,17 @@ export class Transport {
     const timedOut = err instanceof Error && err.name === "TimeoutError";
     const detail = timedOut ? `no answer within ${call.timeoutMs ?? this.timeoutMs} ms` : describe(err);
     return new ConnectionError("connection_error", this.clean(`${call.method} ${call.path}: ${detail}`), 0,
-      { cause: err });
+      { ...this.keyOf(call), cause: this.safeCause(err) });
+  }
+
+  /** The options that put the call's idempotency key on its errors (none for a call without one). */
+  private keyOf(call: Call): LongcallErrorOptions {
+    return call.idempotencyKey === undefined ? {} : { idempotencyKey: call.idempotencyKey };
   }
 
   private async errorOf(call: Call, response: Response, retryAfter: number | undefined): Promise<LongcallError> {
-    const options = retryAfter === undefined ? {} : { retryAfter };
+    const options: LongcallErrorOptions = retryAfter === undefined ? this.keyOf(call)
+      : { ...this.keyOf(call), retryAfter };
     let parsed: unknown;
     try {
       parsed = JSON.parse(await response.text());
@@ -175,6 +202,38 @@ export class Transport {
   clean(message: string): string {
     return message.split(this.#apiKey).join("[api key]");
   }
+
+  /** `err` as a cause, unless it quotes the key anywhere a logger prints (its message, stack, own fields,
+   * causes): then a plain Error of its cleaned description. A checked key is not refused as a header
+   * value, the one failure of fetch known to quote it, but a replaced fetch or a proxy may echo anything. */
+  private safeCause(err: unknown): unknown {
+    return this.quotesKey(err, 0) ? new Error(this.clean(describe(err))) : err;
+  }
+
+  private quotesKey(value: unknown, depth: number): boolean {
+    if (typeof value === "string") return value.includes(this.#apiKey);
+    if (typeof value !== "object" || value === null || ArrayBuffer.isView(value)) return false;
+    // Deep enough for fetch's causes (an AggregateError of socket errors); a deeper, or circular, one is
+    // not kept, to be sure.
+    if (depth > 6) return true;
+    return Reflect.ownKeys(value).some((name) => {
+      let item: unknown;
+      try {
+        item = (value as Record<string | symbol, unknown>)[name];
+      } catch {
+        return false;
+      }
+      return this.quotesKey(item, depth + 1);
+    });
+  }
+}
+
+// What a key may hold: what an Authorization header can carry, as the Python client checks it.
+const API_KEY = /^[\x21-\x7e]+$/;
+
+/** Drops an answer's body unread (an errored stream rejects its cancel: nothing to do about it). */
+async function discard(response: Response): Promise<void> {
+  await response.body?.cancel().catch(() => undefined);
 }
 
 function isRedirect(status: number): boolean {
@@ -203,8 +262,24 @@ function describe(err: unknown): string {
   return err.message;
 }
 
-export function sleep(seconds: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+/** Resolves after `seconds`; rejects with the signal's reason as soon as it aborts (a caller who gave up
+ * does not wait out a backoff or a Retry-After). */
+export function sleep(seconds: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) {
+      reject(signal.reason);
+      return;
+    }
+    const aborted = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", aborted);
+      resolve();
+    }, seconds * 1000);
+    signal?.addEventListener("abort", aborted, { once: true });
+  });
 }
 
 /** `value` as JSON. JSON has no NaN or Infinity: JSON.stringify would send them as null (a paid job

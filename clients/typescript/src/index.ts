@@ -8,6 +8,7 @@ export {
   type CreateJobParams,
   type CreateOwnerParams,
   type CreateWebhookEndpointParams,
+  type GetJobOptions,
   type GrantOptions,
   type ListJobsParams,
   type ListNotificationsParams,

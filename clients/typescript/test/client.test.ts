@@ -6,6 +6,7 @@ import { mkdtemp, readFile, readdir } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
+import { inspect } from "node:util";
 
 import {
   Client,
@@ -19,6 +20,7 @@ import {
   NotFoundError,
   type NotificationPayload,
   UnauthenticatedError,
+  UnavailableError,
   UnknownProviderError,
   verifyWebhook,
 } from "longcall-client";
@@ -79,6 +81,31 @@ async function rejectsWith(promise: Promise<unknown>, Class: typeof LongcallErro
   assert.ok(err.message.length > 0);
   assert.ok(!err.message.includes(lc.api_key) && !String(err.stack).includes(lc.api_key));
   return err;
+}
+
+/** A job that runs for two minutes, marked so the jobs a test made can be counted; cancelled by the test. */
+function slowJob(mark: string) {
+  return { provider: "sim", model: "image-fast", input: { prompt: mark, duration_s: 120 }, maxCredits: 3,
+    metadata: { mark } };
+}
+
+/** The ids of the jobs carrying `mark` (among the newest hundred). */
+async function jobsMarked(mark: string): Promise<string[]> {
+  const { jobs } = await client.jobs.list({ limit: 100 });
+  return jobs.filter((j) => j.metadata.mark === mark).map((j) => j.id);
+}
+
+async function cancelAll(ids: string[]): Promise<void> {
+  for (const id of ids) await client.jobs.cancel(id).catch(() => undefined);
+}
+
+/** Resolves once the job is running: a long poll of it then waits its whole `?wait=` (nothing changes). */
+async function untilRunning(jobId: string): Promise<Job> {
+  for (const deadline = Date.now() + 30_000; ;) {
+    const job = await client.jobs.get(jobId);
+    if (job.status === "running" || Date.now() > deadline) return job;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
 }
 
 describe("jobs", () => {
@@ -238,6 +265,67 @@ describe("jobs", () => {
     }
     assert.deepEqual(await client.account.get(), before);
   });
+
+  test("get with wait: sent as ?wait=N (the server refuses more than 30)", async () => {
+    const created = await client.jobs.create(slowJob("get-wait-sent"));
+    try {
+      await rejectsWith(client.jobs.get(created.id, { wait: 31 }), InvalidRequestError, "invalid_request", 400);
+      for (const wait of [-1, Number.NaN, Number.POSITIVE_INFINITY]) {
+        assert.throws(() => client.jobs.get(created.id, { wait }), TypeError);
+      }
+      assert.equal((await client.jobs.get(created.id, { wait: 0 })).id, created.id);
+    } finally {
+      await client.jobs.cancel(created.id);
+    }
+  });
+
+  test("get with wait: the long poll's answer may come after the request timeout, grown by the wait",
+    { timeout: 60_000 }, async () => {
+      const created = await client.jobs.create(slowJob("get-wait-timeout"));
+      // The proxy answers no sooner than 6 s (a long poll that ran its whole wait); the client's own timeout
+      // is 3 s: only 3 s + the wait (9 s) lets the answer through.
+      const proxy = await startProxy(lc.base_url, [{ kind: "forward-held", ms: 6_000 }]);
+      try {
+        await untilRunning(created.id);
+        const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key, timeoutMs: 3_000 });
+        const started = Date.now();
+        const job = await via.jobs.get(created.id, { wait: 6 });
+        assert.equal(job.id, created.id);
+        assert.ok(Date.now() - started >= 5_500, `answered after ${Date.now() - started} ms`);
+        assert.equal(proxy.seen.length, 1, "one request: none timed out and was sent again");
+        assert.equal(new URL(proxy.seen[0]!.url, proxy.url).searchParams.get("wait"), "6");
+        assert.equal(proxy.seen[0]!.answer?.status, 200);
+      } finally {
+        await proxy.close();
+        await client.jobs.cancel(created.id);
+      }
+    });
+
+  test("an id of \".\" or \"..\" is refused before anything is sent: fetch would resolve it to another route",
+    async () => {
+      const ok = { kind: "answer" as const, status: 200, body: "{}" };
+      const proxy = await startProxy(lc.base_url, Array.from({ length: 10 }, () => ({ ...ok })));
+      try {
+        const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key });
+        const calls = [() => via.jobs.cancel(".."), () => via.jobs.events(".."), () => via.jobs.get("."),
+          () => via.jobs.download("..", 0), () => via.webhookEndpoints.delete(".."),
+          () => via.notifications.redeliver("."), () => via.owners.grant("..", 1), () => via.owners.get("..")];
+        for (const call of calls) {
+          await assert.rejects(async () => call(), (err: unknown) => err instanceof TypeError && /"\." or "\.\."/
+            .test(err.message));
+        }
+        // (Before: POST /v1/cancel, GET /v1/events, GET /v1/jobs/, ... on the wire.)
+        assert.deepEqual(proxy.seen.map((r) => `${r.method} ${r.url}`), []);
+        // Dots within an id, or more than two, are no dot segment: sent as they are, to the documented route.
+        await via.jobs.cancel("...");
+        await via.jobs.get("a..b");
+        assert.deepEqual(proxy.seen.map((r) => `${r.method} ${r.url}`),
+          ["POST /v1/jobs/.../cancel", "GET /v1/jobs/a..b"]);
+      } finally {
+        await proxy.close();
+      }
+      await rejectsWith(client.jobs.cancel("..."), NotFoundError, "not_found", 404);
+    });
 });
 
 describe("errors", () => {
@@ -285,6 +373,43 @@ describe("errors", () => {
     // Two retries with 0.5 s and 1 s of backoff.
     assert.ok(Date.now() - started >= 1_400);
   });
+
+  test("an API key with a control character, a space or a non-ASCII character is refused at once, unquoted",
+    async () => {
+      const key = lc.api_key;
+      for (const bad of [`${key}\nX`, `${key}\u0000`, `${key}\u007f`, `${key}\r\nX-Evil: 1`, `ab ${key}`,
+        `\u201c${key}\u201d`, `${key}\u00e9`, " \n "]) {
+        let thrown: unknown;
+        try {
+          new Client({ baseUrl: lc.base_url, apiKey: bad });
+        } catch (err) {
+          thrown = err;
+        }
+        // Before: accepted, then every call a ConnectionError whose cause quoted the key.
+        assert.ok(thrown instanceof TypeError, `${JSON.stringify(bad.slice(-3))}: ${String(thrown)}`);
+        assert.match(thrown.message, /apiKey/);
+        assert.ok(!inspect(thrown).includes(key), "the key is not in the error, nor in what a logger prints");
+      }
+      // Whitespace around the key (a file's final newline) is trimmed: the key works.
+      const padded = new Client({ baseUrl: lc.base_url, apiKey: ` ${key}\n` });
+      assert.equal((await padded.account.get()).owner_id, lc.owner_id);
+    });
+
+  test("no error's message or cause holds the API key, whatever the network stack quotes", async () => {
+    const key = lc.api_key;
+    // A network stack that echoes the request's headers in its error, as fetch does for a header it refuses.
+    const echoing = new Client({ baseUrl: lc.base_url, apiKey: key, maxRetries: 0, fetch: async (input, init) => {
+      await globalThis.fetch(input, init);
+      const headers = JSON.stringify(init?.headers);
+      throw new TypeError("fetch failed", { cause: new AggregateError([new Error(`could not send ${headers}`)],
+        `Headers.append: "Bearer ${key}" is an invalid header value`) });
+    } });
+    for (const call of [() => echoing.account.get(), () => echoing.jobs.create({ ...QUICK_JOB, maxCredits: 1 })]) {
+      const err = await rejectsWith(call(), ConnectionError, "connection_error", 0);
+      assert.ok(!inspect(err, { depth: 10 }).includes(key), "the key is not in what a logger prints");
+      assert.match(String((err.cause as Error).message), /\[api key\]/);
+    }
+  });
 });
 
 describe("account and models", () => {
@@ -327,6 +452,80 @@ describe("retries of create, through a proxy that fails on purpose", () => {
       await proxy.close();
     }
   });
+
+  test("an answer cut mid-body after the job was created: the retry, same key, gets the same job",
+    { timeout: 30_000 }, async () => {
+      const mark = `cut-body-${randomUUID()}`;
+      const proxy = await startProxy(lc.base_url, [{ kind: "forward-then-cut-body" }]);
+      try {
+        const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key });
+        const job = await via.jobs.create(slowJob(mark));  // before: TypeError: terminated
+        assert.equal(proxy.seen.length, 2);
+        const [cut, retried] = proxy.seen;
+        assert.equal(cut!.answer?.status, 202, "the first attempt created the job");
+        assert.ok(cut!.partial, "its headers and half its body went out");
+        assert.equal(retried!.answer?.status, 200, "the retry was answered as a replay");
+        assert.equal(cut!.headers["idempotency-key"], retried!.headers["idempotency-key"]);
+        assert.equal(JSON.parse(cut!.answer!.body).id, job.id);
+        assert.deepEqual(await jobsMarked(mark), [job.id], "one job");
+      } finally {
+        await proxy.close();
+        await cancelAll(await jobsMarked(mark));
+      }
+    });
+
+  test("an answer whose body stalls past the client's timeout: the retry, same key, gets the same job",
+    { timeout: 60_000 }, async () => {
+      const mark = `stall-body-${randomUUID()}`;
+      const proxy = await startProxy(lc.base_url, [{ kind: "forward-then-stall-body" }]);
+      try {
+        // The stalled body never ends: the 5 s timeout fires whatever the machine's speed.
+        const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key, timeoutMs: 5_000 });
+        const job = await via.jobs.create(slowJob(mark));  // before: a TimeoutError, not retried
+        assert.equal(proxy.seen.length, 2);
+        const [stalled, retried] = proxy.seen;
+        assert.equal(stalled!.answer?.status, 202);
+        assert.ok(stalled!.partial);
+        assert.equal(retried!.answer?.status, 200);
+        assert.equal(stalled!.headers["idempotency-key"], retried!.headers["idempotency-key"]);
+        assert.deepEqual(await jobsMarked(mark), [job.id], "one job");
+      } finally {
+        await proxy.close();
+        await cancelAll(await jobsMarked(mark));
+      }
+    });
+
+  test("once the retries run out the error carries the idempotency key: sent again with it, the same job",
+    { timeout: 30_000 }, async () => {
+      const mark = `exhausted-${randomUUID()}`;
+      // The server creates the job; neither answer reaches the client.
+      const proxy = await startProxy(lc.base_url, [{ kind: "forward-then-drop" }, { kind: "forward-then-drop" }]);
+      try {
+        const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key, maxRetries: 1 });
+        const err = await rejectsWith(via.jobs.create(slowJob(mark)), ConnectionError, "connection_error", 0);
+        const keys = proxy.seen.map((r) => r.headers["idempotency-key"]);
+        assert.equal(keys.length, 2);
+        assert.equal(keys[1], keys[0]);
+        assert.equal(err.idempotencyKey, keys[0], "the generated key, on the error");  // before: undefined
+        const first = JSON.parse(proxy.seen[0]!.answer!.body) as Job;
+        const again = await client.jobs.create({ ...slowJob(mark), idempotencyKey: err.idempotencyKey! });
+        assert.equal(again.id, first.id, "the caller's retry got the job the server made");
+        assert.deepEqual(await jobsMarked(mark), [first.id], "one job");
+      } finally {
+        await proxy.close();
+        await cancelAll(await jobsMarked(mark));
+      }
+      // Every error of a call sending a key carries it (the caller's own, or the generated one); a read's none.
+      const mine = `ts-${randomUUID()}`;
+      const refused = await rejectsWith(client.jobs.create({ ...QUICK_JOB, maxCredits: CREDITS * 10,
+        idempotencyKey: mine }), InsufficientCreditsError, "insufficient_credits", 402);
+      assert.equal(refused.idempotencyKey, mine);
+      const generated = await rejectsWith(client.jobs.create({ ...QUICK_JOB, maxCredits: 0 }), InvalidRequestError,
+        "invalid_request", 400);
+      assert.match(generated.idempotencyKey ?? "", /^[0-9a-f-]{36}$/);
+      const read = await rejectsWith(client.jobs.get(MISSING_JOB), NotFoundError, "not_found", 404);
+      assert.equal(read.idempotencyKey, undefined);
+    });
 
   test("a 429 without Retry-After, and any 4xx, is not retried", { timeout: 30_000 }, async () => {
     const proxy = await startProxy(lc.base_url, [
@@ -414,6 +613,98 @@ describe("retries of create, through a proxy that fails on purpose", () => {
       assert.equal(err.constructor.name, "UnavailableError");
       assert.equal(err.retryAfter, 0);
       assert.equal(proxy.seen.length, 2);
+    } finally {
+      await proxy.close();
+    }
+  });
+});
+
+describe("wait through an outage (a proxy in front of the server)", () => {
+  const unavailable = JSON.stringify({ error: { code: "unavailable", message: "the database is unavailable" } });
+  const busy = JSON.stringify({ error: { code: "capacity_exhausted", message: "busy" } });
+  const internal = JSON.stringify({ error: { code: "internal", message: "a bug" } });
+
+  test("no connection, a 503, a gateway's 502/504, a 500, a 429: waited out, and the job returned",
+    { timeout: 90_000 }, async () => {
+      const created = await client.jobs.create({ ...QUICK_JOB, maxCredits: 2 });
+      // maxRetries 1: each poll tries twice, then the wait has the error. Each of these polls fails.
+      const failures: Action[] = [
+        { kind: "drop" }, { kind: "drop" },
+        { kind: "answer", status: 503, headers: { "Retry-After": "0" }, body: unavailable },
+        { kind: "answer", status: 503, headers: { "Retry-After": "0" }, body: unavailable },
+        { kind: "answer", status: 502, headers: { "Content-Type": "text/html" }, body: "<html>Bad Gateway</html>" },
+        { kind: "answer", status: 502, headers: { "Content-Type": "text/html" }, body: "<html>Bad Gateway</html>" },
+        { kind: "answer", status: 429, body: busy },
+        { kind: "answer", status: 500, headers: { "Content-Type": "text/html" }, body: "<html>oops</html>" },
+        { kind: "answer", status: 500, body: internal },
+        { kind: "answer", status: 504, body: "" }, { kind: "answer", status: 504, body: "" },
+      ];
+      const count = failures.length;
+      const proxy = await startProxy(lc.base_url, failures);
+      try {
+        const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key, maxRetries: 1 });
+        const job = await via.jobs.wait(created.id, { timeoutMs: 60_000 });  // before: ConnectionError at once
+        assert.equal(job.status, "succeeded");
+        assert.ok(proxy.seen.length > count, `every failure was met, then the server answered (${proxy.seen.length})`);
+        assert.ok(proxy.seen.every((r) => r.url.startsWith(`/v1/jobs/${created.id}`)));
+      } finally {
+        await proxy.close();
+      }
+    });
+
+  test("an outage until the deadline: the last job seen is returned", { timeout: 60_000 }, async () => {
+    const created = await client.jobs.create(slowJob("outage-to-deadline"));
+    const seenJob = await client.jobs.get(created.id);
+    // The first poll is answered (the job as the server has it), then no connection ever again.
+    const proxy = await startProxy(lc.base_url, [{ kind: "answer", status: 200, body: JSON.stringify(seenJob) },
+      ...Array.from({ length: 200 }, () => ({ kind: "drop" as const }))]);
+    try {
+      const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key, maxRetries: 0 });
+      const started = Date.now();
+      const job = await via.jobs.wait(created.id, { timeoutMs: 4_000 });  // before: ConnectionError
+      assert.deepEqual(job, seenJob);
+      assert.ok(Date.now() - started >= 3_900, `returned after ${Date.now() - started} ms`);
+      assert.ok(proxy.seen.length >= 3, `polled again after the failures (${proxy.seen.length})`);
+    } finally {
+      await proxy.close();
+      await client.jobs.cancel(created.id);
+    }
+  });
+
+  test("no poll ever answered: the last error, at the deadline; a 404 or 401 at once", { timeout: 60_000 },
+    async () => {
+      const created = await client.jobs.create(slowJob("outage-no-answer"));
+      const proxy = await startProxy(lc.base_url, Array.from({ length: 200 }, () => ({ kind: "answer" as const,
+        status: 503, headers: { "Retry-After": "1" }, body: unavailable })));
+      try {
+        const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key, maxRetries: 0 });
+        const started = Date.now();
+        await rejectsWith(via.jobs.wait(created.id, { timeoutMs: 3_000 }), UnavailableError, "unavailable", 503);
+        const tookMs = Date.now() - started;
+        assert.ok(tookMs >= 2_900, `thrown after ${tookMs} ms`);  // before: at the first 503
+        assert.ok(proxy.seen.length >= 2);
+      } finally {
+        await proxy.close();
+        await client.jobs.cancel(created.id);
+      }
+      const started = Date.now();
+      await rejectsWith(client.jobs.wait(MISSING_JOB, { timeoutMs: 60_000 }), NotFoundError, "not_found", 404);
+      const stranger = new Client({ baseUrl: lc.base_url, apiKey: `lc_${"x".repeat(40)}` });
+      await rejectsWith(stranger.jobs.wait(created.id, { timeoutMs: 60_000 }), UnauthenticatedError,
+        "unauthenticated", 401);
+      assert.ok(Date.now() - started < 30_000, "not waited on");
+    });
+
+  test("a caller's abort ends a wait's pause at once", { timeout: 30_000 }, async () => {
+    const proxy = await startProxy(lc.base_url, Array.from({ length: 50 }, () => ({ kind: "answer" as const,
+      status: 503, headers: { "Retry-After": "30" }, body: unavailable })));
+    try {
+      const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key, maxRetries: 0 });
+      const controller = new AbortController();
+      const started = Date.now();
+      setTimeout(() => controller.abort(new Error("stop")), 500);
+      await assert.rejects(via.jobs.wait(MISSING_JOB, { timeoutMs: 60_000, signal: controller.signal }), /stop/);
+      assert.ok(Date.now() - started < 20_000, `aborted after ${Date.now() - started} ms`);
     } finally {
       await proxy.close();
     }

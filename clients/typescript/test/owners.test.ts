@@ -7,6 +7,7 @@ import { after, before, describe, test } from "node:test";
 
 import {
   Client,
+  ConnectionError,
   IdempotencyConflictError,
   InsufficientCreditsError,
   LongcallError,
@@ -192,6 +193,59 @@ describe("owners", () => {
         assert.equal(granted.owner_id, owner.owner_id);
         assert.deepEqual((await platform.owners.get(owner.owner_id)).credits,
           { granted: 15, balance: 15, reserved: 0, charged: 0 }, "granted once");
+      } finally {
+        await proxy.close();
+      }
+    });
+
+  test("a grant's answer cut mid-body: the retry, same key, grants once", { timeout: 30_000 }, async () => {
+    const owner = await platform.owners.create({ name: newName() });
+    const proxy = await startProxy(lc.base_url, [{ kind: "forward-then-cut-body" }]);
+    try {
+      const via = new Client({ baseUrl: proxy.url, apiKey: platformKey });
+      const granted = await via.owners.grant(owner.owner_id, 100);  // before: TypeError: terminated
+      assert.equal(proxy.seen.length, 2);
+      const [cut, retried] = proxy.seen;
+      assert.equal(cut!.answer?.status, 201, "the first attempt granted");
+      assert.ok(cut!.partial, "its headers and half its body went out");
+      assert.equal(retried!.answer?.status, 200, "the retry was answered as a replay");
+      assert.equal(retried!.headers["idempotency-key"], cut!.headers["idempotency-key"]);
+      assert.equal(granted.credits.granted, 100);
+      assert.deepEqual((await platform.owners.get(owner.owner_id)).credits,
+        { granted: 100, balance: 100, reserved: 0, charged: 0 }, "granted once");
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  test("once the retries run out, a grant's or create's error carries its key: sent again with it, once",
+    { timeout: 30_000 }, async () => {
+      const owner = await platform.owners.create({ name: newName() });
+      const name = newName();
+      // Each call reaches the server twice; no answer gets back (lost; for the create, lost then cut mid-body).
+      const proxy = await startProxy(lc.base_url, [{ kind: "forward-then-drop" }, { kind: "forward-then-drop" },
+        { kind: "forward-then-drop" }, { kind: "forward-then-cut-body" }]);
+      try {
+        const via = new Client({ baseUrl: proxy.url, apiKey: platformKey, maxRetries: 1 });
+        const grantErr = await rejectsWith(via.owners.grant(owner.owner_id, 40, { reason: "top-up" }), ConnectionError,
+          "connection_error", 0);
+        const keys = proxy.seen.map((r) => r.headers["idempotency-key"]);
+        assert.deepEqual(keys, [keys[0], keys[0]]);
+        assert.equal(grantErr.idempotencyKey, keys[0], "the grant's key, on its error");  // before: undefined
+        assert.equal(proxy.seen[0]!.answer?.status, 201, "the server granted");
+        const createErr = await rejectsWith(via.owners.create({ name, credits: 5 }), ConnectionError,
+          "connection_error", 0);
+        assert.equal(proxy.seen.length, 4);
+        assert.equal(proxy.seen[3]!.headers["idempotency-key"], proxy.seen[2]!.headers["idempotency-key"]);
+        assert.equal(createErr.idempotencyKey, proxy.seen[2]!.headers["idempotency-key"]);
+
+        // The caller's own retry, with the key from the error: a replay, nothing moves twice.
+        await platform.owners.grant(owner.owner_id, 40, { reason: "top-up", idempotencyKey: grantErr.idempotencyKey! });
+        assert.deepEqual((await platform.owners.get(owner.owner_id)).credits,
+          { granted: 40, balance: 40, reserved: 0, charged: 0 }, "granted once");
+        const made = await platform.owners.create({ name, credits: 5, idempotencyKey: createErr.idempotencyKey! });
+        assert.equal(made.owner_id, JSON.parse(proxy.seen[2]!.answer!.body).owner_id);
+        assert.equal((await listAll((o) => o.name === name)).length, 1, "one owner");
       } finally {
         await proxy.close();
       }

@@ -9,6 +9,14 @@ export type Action =
   | { kind: "forward" }
   /** Forward, let the server act, then cut the connection instead of answering. */
   | { kind: "forward-then-drop" }
+  /** Forward, then send the answer's headers and half its body, and cut the connection. */
+  | { kind: "forward-then-cut-body" }
+  /** Forward, then send the answer's headers and half its body, and nothing more (until the proxy closes). */
+  | { kind: "forward-then-stall-body" }
+  /** Forward, and answer no sooner than `ms` after the request came (a long poll held its whole wait). */
+  | { kind: "forward-held"; ms: number }
+  /** Cut the connection without forwarding: the server never sees the request. */
+  | { kind: "drop" }
   | { kind: "answer"; status: number; headers?: Record<string, string>; body?: string };
 
 export interface Seen {
@@ -17,6 +25,8 @@ export interface Seen {
   headers: http.IncomingHttpHeaders;
   /** What the real server answered, for forwarded requests. */
   answer?: { status: number; body: string };
+  /** The answer's headers went out, but not all of its body (forward-then-cut-body, -stall-body). */
+  partial?: boolean;
 }
 
 export interface Proxy {
@@ -30,6 +40,7 @@ export async function startProxy(target: string, script: Action[]): Promise<Prox
   const seen: Seen[] = [];
   const server = http.createServer((req, res) => {
     const action = script.shift() ?? { kind: "forward" };
+    const arrived = Date.now();
     const entry: Seen = { method: req.method ?? "", url: req.url ?? "", headers: req.headers };
     seen.push(entry);
     const chunks: Buffer[] = [];
@@ -40,6 +51,10 @@ export async function startProxy(target: string, script: Action[]): Promise<Prox
         res.end(action.body ?? "");
         return;
       }
+      if (action.kind === "drop") {
+        res.socket?.destroy();
+        return;
+      }
       void forward(target, req, Buffer.concat(chunks)).then(
         (answer) => {
           entry.answer = { status: answer.status, body: answer.body.toString("utf8") };
@@ -47,8 +62,22 @@ export async function startProxy(target: string, script: Action[]): Promise<Prox
             res.socket?.destroy();
             return;
           }
-          res.writeHead(answer.status, answer.headers);
-          res.end(answer.body);
+          if (action.kind === "forward-then-cut-body" || action.kind === "forward-then-stall-body") {
+            // The full length announced, so the client knows the body is not all there.
+            const { "transfer-encoding": _chunked, ...headers } = answer.headers;
+            res.writeHead(answer.status, { ...headers, "content-length": String(answer.body.length) });
+            entry.partial = true;
+            // Cut only once the half is written out: the client gets the headers and part of the body.
+            res.write(answer.body.subarray(0, Math.floor(answer.body.length / 2)),
+              () => action.kind === "forward-then-cut-body" && res.socket?.destroy());
+            return;
+          }
+          const send = () => {
+            res.writeHead(answer.status, answer.headers);
+            res.end(answer.body);
+          };
+          if (action.kind === "forward-held") setTimeout(send, Math.max(0, arrived + action.ms - Date.now()));
+          else send();
         },
         () => res.socket?.destroy(),
       );
