@@ -102,7 +102,20 @@ class HeaderDeadlineFromEnv(HeaderDeadlineProtocol):
     """The protocol class for worker processes: its deadline is
     HEADER_TIMEOUT_S as `longcall serve` exported it (already validated)."""
 
-    header_timeout_s = float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_HEADER_TIMEOUT_S)
+    header_timeout_s = 0.0  # set below, once the module is loaded
+
+
+def _exported_header_timeout() -> float:
+    """HEADER_TIMEOUT_S as exported for the workers. This module is imported
+    before `longcall serve` checks the setting (serve_limits): a value that
+    is no number must not be a traceback here, but serve's one-line error."""
+    try:
+        return float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_HEADER_TIMEOUT_S)
+    except ValueError:
+        return DEFAULT_HEADER_TIMEOUT_S
+
+
+HeaderDeadlineFromEnv.header_timeout_s = _exported_header_timeout()
 
 
 WORKER_PROTOCOL = f"{__name__}:{HeaderDeadlineFromEnv.__name__}"

@@ -93,6 +93,13 @@ def test_the_port_setting_is_checked_at_start(run):
     assert p.returncode == 2 and "PORT must be at most 65535" in p.stderr, p.stderr
 
 
+def test_a_header_timeout_that_is_no_number_is_one_line_not_a_traceback(run):
+    # (It was read as the module loaded, before serve's own check.)
+    p = run("serve", env={"SECRET_KEY": "x" * 20, "HEADER_TIMEOUT_S": "abc"}, ok=False)
+    assert p.returncode == 2 and "HEADER_TIMEOUT_S must be a number" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0, p.stderr
+
+
 @pytest.mark.parametrize("env,needle", [
     ({"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x"}, "cannot"),
     ({"DATABASE_URL": ""}, "DATABASE_URL is required"),

@@ -18,7 +18,7 @@ from starlette.responses import RedirectResponse, Response
 
 from app import ids
 from app.domain import notifications, operator, owners, recovery
-from app.web.body import read_capped
+from app.web.body import TooLarge, read_capped
 from app.web.console import forms
 from app.web.console.pages import message_page, require_console, sign_in_form, to_sign_in
 from app.web.console.render import HEADERS
@@ -41,8 +41,11 @@ def refused(request: Request, session: Session | None, message: str, status_code
 
 
 async def read_form(request: Request) -> dict[str, str]:
-    return forms.parse_form(request.headers.get("content-type"),
-                            await read_capped(request, forms.MAX_FORM_BYTES))
+    try:
+        raw = await read_capped(request, forms.MAX_FORM_BYTES)
+    except TooLarge:
+        raise forms.FormError(f"The form is over {forms.MAX_FORM_BYTES // 1024} KiB.", 413) from None
+    return forms.parse_form(request.headers.get("content-type"), raw)
 
 
 def operator_action(handler: Action) -> Callable[[Request], Awaitable[Response]]:
@@ -54,7 +57,7 @@ def operator_action(handler: Action) -> Callable[[Request], Awaitable[Response]]
         try:
             fields = await read_form(request)
         except forms.FormError as e:
-            return refused(request, session, str(e), 400)
+            return refused(request, session, str(e), e.status_code)
         if not action_token_ok(request, session, fields.get(CSRF_FIELD)):
             return refused(request, session, "This form did not come from this console session (its CSRF "
                                              "token is missing or wrong). Reload the page and try again.", 403)
@@ -72,7 +75,7 @@ async def sign_in(request: Request) -> Response:
     try:
         fields = await read_form(request)
     except forms.FormError as e:
-        return refused(request, None, str(e), 400)
+        return refused(request, None, str(e), e.status_code)
     target = forms.safe_next(fields.get("next"))
     if not sign_in_token_ok(request, fields.get(CSRF_FIELD)):
         return sign_in_form(request, target, error="This sign-in form has expired or did not come from "
@@ -101,7 +104,7 @@ async def resolve(request: Request, session: Session, fields: dict[str, str]) ->
     try:
         resolution = forms.parse_resolution(fields)
     except forms.FormError as e:
-        return refused(request, session, str(e), 400)
+        return refused(request, session, str(e), e.status_code)
     try:
         async with request.app.state.pool.acquire() as conn:
             if resolution.task_id is not None:
@@ -122,7 +125,7 @@ async def grant(request: Request, session: Session, fields: dict[str, str]) -> R
         wanted = forms.parse_grant(fields)
         key = forms.parse_grant_key(fields.get("grant_key"))
     except forms.FormError as e:
-        return refused(request, session, str(e), 400)
+        return refused(request, session, str(e), e.status_code)
     try:
         async with request.app.state.pool.acquire() as conn:
             moved = await owners.operator_grant(conn, owner_id, credits=wanted.credits, reason=wanted.reason,

@@ -25,7 +25,11 @@ _DIGITS = re.compile(r"[1-9][0-9]{0,12}")
 
 
 class FormError(ValueError):
-    pass
+    """A form refused, nothing changed: `status_code` 400, or 413 for one over MAX_FORM_BYTES."""
+
+    def __init__(self, message: str, status_code: int = 400):
+        super().__init__(message)
+        self.status_code = status_code
 
 
 def parse_form(content_type: str | None, raw: bytes) -> dict[str, str]:
@@ -122,6 +126,9 @@ def parse_search(raw: str | None) -> Search | None:
         return None
     if len(q) > MAX_SEARCH:
         raise FormError(f"a search has at most {MAX_SEARCH} characters")
+    if not q.isprintable():
+        # No id holds one, and PostgreSQL refuses a NUL in text outright.
+        raise FormError("a search holds printable characters only")
     if ids.is_job_id(q):
         return Search("job", q)
     if ids.is_owner_id(q):

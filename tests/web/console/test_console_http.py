@@ -134,6 +134,21 @@ async def test_sign_in_with_the_admin_token_sets_a_strict_httponly_session_cooki
         assert again.status_code == 303 and again.headers["location"] == "/console/needs-a-human"
 
 
+@pytest.mark.parametrize("size", [17_000, 2_000_000], ids=["over the form cap", "over the 1 MiB body cap"])
+async def test_a_form_over_its_cap_is_413_signed_in_or_not(size, web):
+    """Not the 500 `internal` of an uncaught TooLarge (CONTRACT: never for any input)."""
+    server = await web()
+    body = b"token=" + b"a" * size
+    headers = {"content-type": "application/x-www-form-urlencoded"}
+    async with Console(server.url) as console:
+        before = await console.http.post("/console/sign-in", content=body, headers=headers)
+        await console.sign_in()
+        after = await console.http.post("/console/sign-out", content=body, headers=headers)
+        assert console.http.cookies.get(SESSION_COOKIE)  # still signed in: nothing changed
+    for answer in (before, after):
+        assert answer.status_code == 413 and "The form is over 16 KiB." in answer.text
+
+
 async def test_the_session_cookie_is_secure_behind_a_trusted_https_proxy(web):
     # uvicorn trusts X-Forwarded-Proto from FORWARDED_ALLOW_IPS (default
     # 127.0.0.1): the test client is that proxy here.
@@ -475,6 +490,7 @@ async def test_search_finds_a_job_an_owner_a_notification_or_a_task(web, make_ow
         assert "No job has the provider task id" in await console.page("/console/search?q=unknown-task")
         assert "There is no job" in await console.page(f"/console/search?q={NOT_A_JOB}")
         assert (await console.http.get("/console/search?q=" + "x" * 501)).status_code == 400
+        assert (await console.http.get("/console/search?q=%00")).status_code == 400  # not PostgreSQL's 500
         assert (await console.http.get(f"/console/jobs/{NOT_A_JOB}")).status_code == 404
         assert (await console.http.get("/console/jobs/not-an-id")).status_code == 404
         assert (await console.http.get("/console/owners/own_nope")).status_code == 404

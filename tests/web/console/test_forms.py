@@ -150,6 +150,8 @@ def test_parse_grant_key(raw, ok) -> None:
         ("   ", None),
         (None, None),
         ("x" * 501, forms.FormError),
+        ("task\x00id", forms.FormError),
+        ("task\nid", forms.FormError),
     ],
 )
 def test_parse_search(raw, expected) -> None:
