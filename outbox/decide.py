@@ -363,6 +363,18 @@ def transient(result: Transient, attempts: int) -> Retry:
     return Retry(attempts, str(result))
 
 
+def answer_lost_on_a_closed_job(facts: ProviderFacts) -> Send | None:
+    """A submit whose answer was lost (Uncertain) while its job was closed
+    meanwhile (its owner cancelled it): the task may exist, and run and be
+    billed with nothing to stop it, the submit's retry having gone with the
+    job's intents. Where the provider's key returns the task an earlier call
+    made and a task can be stopped, send once more with the key: the task
+    comes back, is saved on the closed job and cancelled (one the first
+    call never made is made now, and cancelled at once). Otherwise None:
+    nothing can find it (a look-up, where there is one, runs in the step)."""
+    return SEND if facts.idempotent_submit and facts.can_cancel else None
+
+
 def asked_wait(retry_after: float) -> float:
     """A wait the provider asked for, at least policy.MIN_ASKED_WAIT_S."""
     return max(retry_after, policy.MIN_ASKED_WAIT_S)

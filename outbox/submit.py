@@ -18,7 +18,7 @@ from app.capacity import NO_CAPS
 from app.domain import jobs, pauses
 from app.domain.record import JobRecord
 from app.providers.base import ProviderError, Rejected, SubmitRequest, Submitted, Transient, Uncertain
-from app.vocabulary import CallOutcome, IntentKind, JobStatus, ProviderCall, ProviderKind
+from app.vocabulary import TERMINAL, CallOutcome, IntentKind, JobStatus, ProviderCall, ProviderKind
 from outbox import decide, intents, sync
 from outbox.context import Context
 from outbox.outcome import DONE, GONE, Done, Outcome
@@ -63,6 +63,11 @@ async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
         result = await _send(ctx, record, provider, request)
         decision = decide.submit(record, result, now=_now(), attempts=attempts, facts=facts,
                                  callback_url=callback_url)
+        if isinstance(result, Uncertain) and await _closed_meanwhile(ctx, job_id) \
+                and decide.answer_lost_on_a_closed_job(facts) is decide.SEND:
+            result = await _send(ctx, record, provider, request)
+            decision = decide.submit(record, result, now=_now(), attempts=attempts, facts=facts,
+                                     callback_url=callback_url)
     if isinstance(decision, decide.LookUp):
         found: Submitted | Transient | None
         try:
@@ -71,6 +76,18 @@ async def submit(ctx: Context, job_id: str, attempts: int, job=None) -> Outcome:
             found = e
         decision = decide.after_find(record, found, now=_now(), facts=facts, callback_url=callback_url)
     return await _carry_out(ctx, record, provider, decision)
+
+
+async def _closed_meanwhile(ctx: Context, job_id: str) -> bool:
+    """Whether the job was closed while its submit was out (a cancel); then
+    its intents are gone, a retry of this submit with them."""
+    async with ctx.pool.acquire() as conn:
+        status = await jobs.status_of(conn, job_id)
+    if status in TERMINAL:
+        log.warning("a submit's answer was lost while its job was closed: its task may run at the provider",
+                    extra={"job_id": job_id})
+        return True
+    return False
 
 
 async def _find(ctx: Context, job: JobRecord, provider, request: SubmitRequest) -> Submitted | None:

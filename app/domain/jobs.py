@@ -603,6 +603,14 @@ async def mark_uncertain(conn, job_id: str, reason: str) -> bool:
     return await conn.fetchrow(MARK_UNCERTAIN, job_id, reason[:1000]) is not None
 
 
+STATUS_OF = "select status from jobs where id = $1"
+
+
+async def status_of(conn, job_id: str) -> JobStatus | None:
+    status = await conn.fetchval(STATUS_OF, job_id)
+    return None if status is None else JobStatus(status)
+
+
 async def note_error(conn, job_id: str, message: str) -> None:
     await conn.execute(NOTE_ERROR, job_id, message[:1000])
 

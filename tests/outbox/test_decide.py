@@ -715,6 +715,21 @@ def test_in_doubt(can_find, expected):
     assert decide.in_doubt(facts(can_find=can_find)) == expected
 
 
+# A submit whose answer was lost while its job was closed (a cancel): sent
+# once more only where the key returns the same task and a task can be
+# stopped (the native protocol); else nothing (the Gateway's cannot be
+# stopped, and a task the first call never made would then run on).
+@pytest.mark.parametrize("idempotent,can_cancel,expected", [
+    (True, True, decide.SEND),
+    (True, False, None),
+    (False, True, None),
+    (False, False, None),
+])
+def test_a_lost_answer_on_a_closed_job(idempotent, can_cancel, expected):
+    got = decide.answer_lost_on_a_closed_job(facts(idempotent_submit=idempotent, can_cancel=can_cancel))
+    assert got == expected
+
+
 FIND_RESULTS = {"found": SUBMITTED, "not found": None, "find transient": Transient("503 listing tasks")}
 # what the look-up answered, the job's submit attempts (the look-ups so far),
 # was in doubt before this attempt -> decision. Three look-ups before uncertain.

@@ -21,6 +21,8 @@ from outbox.outcome import Done
 from outbox.settle import settle
 from outbox.submit import TAKES_ITS_ANSWER
 from tests.outbox.conftest import assert_money_balances, server_now, wait_for_settlers, wait_for_status
+from tests.roads.conftest import sim_task, wait_until
+from tests.support.simulator import clear_faults, set_faults, stats
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -234,3 +236,43 @@ async def test_a_submit_answer_for_a_job_gone_uncertain_meanwhile_is_its_task(db
     assert await save_answer(db, job_id, "task-1") is jobs.Saved.RUNNING
     row = await db.fetchrow("select status, provider_task_id from jobs where id = $1", job_id)
     assert (row["status"], row["provider_task_id"]) == ("running", "task-1")
+
+
+async def test_a_cancel_while_the_submits_answer_is_lost_still_stops_the_task(web, make_owner, db, sim,
+                                                                              make_settings, start_settler):
+    """The simulator makes the task and holds its answer; the owner cancels
+    while the submit waits (refunded at once); the submit's answer never
+    comes. The job's intents went with the cancel, the submit's retry with
+    them: the settler asks once more with the same key, gets the task back,
+    saves it on the closed job and has the provider stop it — one task,
+    cancelled, not one left running and billed."""
+    set_faults(sim.url, submit_timeout_after_create=1)
+    server = await web(SIM_URL=sim.url)
+    # The lost answer is held 60 s; the submit gives up on it after 10 s,
+    # the cancel coming within moments of the task's creation.
+    await start_settler(make_settings(SIM_URL=sim.url), provider_timeout_s=10.0)
+    owner = await make_owner(credits=100)
+    async with server.client(owner.api_key) as c:
+        created = (await c.post("/v1/jobs", json=job(duration_s=300))).json()
+
+        async def task_made() -> bool:
+            return stats(sim.url)["tasks_created"] == 1
+        await wait_until(task_made, timeout=15)
+        clear_faults(sim.url)
+        cancelled = await c.post(f"/v1/jobs/{created['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    row = await db.fetchrow("select * from jobs where id = $1", created["id"])
+    assert row["provider_task_id"] is None  # the answer is still out
+
+    async def task_saved() -> bool:
+        return await db.fetchval("select provider_task_id from jobs where id = $1", created["id"]) is not None
+    await wait_until(task_saved, timeout=40)
+    task_id = await db.fetchval("select provider_task_id from jobs where id = $1", created["id"])
+
+    async def task_stopped() -> bool:
+        return sim_task(sim.url, task_id)["status"] == "cancelled"
+    await wait_until(task_stopped, timeout=20)
+    assert stats(sim.url)["tasks_created"] == 1  # the same task came back: none made twice
+    row = await db.fetchrow("select * from jobs where id = $1", created["id"])
+    assert row["status"] == "cancelled" and (row["credits_charged"], row["credits_refunded"]) == (0, 10)
+    await assert_money_balances(db)
