@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from longcall_client import AsyncClient, Client
+from longcall_client import (
+    APIConnectionError,
+    AsyncClient,
+    Client,
+    InternalError,
+    LongcallError,
+    NotFound,
+    Unavailable,
+    UnexpectedResponse,
+)
 from longcall_client import _core as core
+from longcall_client.models import Job
 
 KEY = "lc_pure-layer-key"
 
@@ -79,3 +89,38 @@ def test_the_key_is_checked_and_never_shown(cls):
     assert KEY not in repr(client) and KEY not in repr(client._config)
     with pytest.raises(ValueError):
         cls("ftp://h", KEY)
+
+
+RUNNING = Job.from_json({"id": "job_" + "a" * 24, "status": "running"})
+NO_ANSWER = APIConnectionError("connection_error", "ConnectError: refused", None)
+DOWN = Unavailable("unavailable", "the database is unavailable", 503, retry_after=3.0)
+PROXY_PAGE = UnexpectedResponse("unexpected_response", "HTTP 502 without an API error body", 502)
+BUG = InternalError("internal", "internal error", 500)
+BUSY = LongcallError("rate_limited", "slow down", 429)
+GONE = NotFound("not_found", "no such job", 404)
+RAISE = "raise"
+
+
+@pytest.mark.parametrize("error,remaining,seen,expected", [
+    # no answer, or a server in trouble: poll again after a pause
+    (NO_ANSWER, 10.0, None, core.WAIT_PAUSE_S),
+    (NO_ANSWER, 10.0, RUNNING, core.WAIT_PAUSE_S),
+    (DOWN, 10.0, None, 3.0),            # as the server asked
+    (DOWN, 2.0, RUNNING, 2.0),          # never past the wait's end
+    (PROXY_PAGE, 10.0, None, core.WAIT_PAUSE_S),
+    (BUG, 10.0, None, core.WAIT_PAUSE_S),
+    (BUSY, 0.5, None, 0.5),
+    # at the end: the last job seen, or the error when no poll answered
+    (NO_ANSWER, 0.0, RUNNING, RUNNING),
+    (DOWN, -1.0, RUNNING, RUNNING),
+    (NO_ANSWER, 0.0, None, RAISE),
+    # about the job itself: at once
+    (GONE, 10.0, RUNNING, RAISE),
+    (GONE, 10.0, None, RAISE),
+])
+def test_what_a_wait_does_after_a_failed_poll(error, remaining, seen, expected):
+    if expected == RAISE:
+        with pytest.raises(type(error)):
+            core.after_failed_poll(error, remaining, seen)
+    else:
+        assert core.after_failed_poll(error, remaining, seen) == expected

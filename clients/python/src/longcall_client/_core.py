@@ -31,7 +31,7 @@ from longcall_client.errors import (
     UnexpectedResponse,
     error_for,
 )
-from longcall_client.models import DownloadedOutput
+from longcall_client.models import DownloadedOutput, Job
 
 VERSION = "0.1.0"
 USER_AGENT = f"longcall-client-python/{VERSION}"
@@ -377,19 +377,23 @@ def storage_failure(status: int) -> LongcallError:
 WAIT_PAUSE_S = 1.0  # between the polls of a wait the server or the network failed
 
 
-def wait_outlasts(error: LongcallError) -> bool:
-    """Whether a wait polls on through `error`: no answer, or a server (or a
-    proxy) in trouble — a 5xx, a 429, an answer that is not the API's. An
-    answer about the job or the request (a 401, a 404) ends it."""
-    return isinstance(error, APIConnectionError | Unavailable | InternalError | UnexpectedResponse) \
+def after_failed_poll(error: LongcallError, remaining: float, seen: Job | None) -> float | Job:
+    """What a wait does after a poll that raised `error`, with `remaining`
+    seconds left and `seen` the last job a poll returned: pause that many
+    seconds and poll again, return that job, or raise `error`. A wait polls
+    on through no answer or a server (or a proxy) in trouble — a 5xx, a 429,
+    an answer that is not the API's — pausing as the server asked
+    (Retry-After), else WAIT_PAUSE_S, never past its end; at its end it
+    returns the last job seen (raising only when no poll answered). An
+    answer about the job or the request (a 401, a 404) ends it at once."""
+    outage = isinstance(error, APIConnectionError | Unavailable | InternalError | UnexpectedResponse) \
         or error.status == 429
-
-
-def wait_pause(error: LongcallError, remaining: float) -> float:
-    """Seconds before a wait polls again after `error`: what the server asked
-    (Retry-After), else WAIT_PAUSE_S, never past the wait's end."""
+    if not outage or (remaining <= 0 and seen is None):
+        raise error
+    if remaining <= 0 and seen is not None:
+        return seen
     asked = error.retry_after if error.retry_after is not None and error.retry_after > 0 else WAIT_PAUSE_S
-    return max(0.0, min(asked, remaining))
+    return min(asked, remaining)
 
 
 def poll_seconds(remaining: float) -> float:

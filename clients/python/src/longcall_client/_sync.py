@@ -131,12 +131,10 @@ class Jobs:
             try:
                 job = self.get(job_id, wait=core.poll_seconds(deadline - time.monotonic()), owner=owner)
             except LongcallError as e:
-                remaining = deadline - time.monotonic()
-                if not core.wait_outlasts(e) or (remaining <= 0 and seen is None):
-                    raise
-                if remaining <= 0 and seen is not None:
-                    return seen
-                time.sleep(core.wait_pause(e, remaining))
+                after = core.after_failed_poll(e, deadline - time.monotonic(), seen)
+                if isinstance(after, Job):
+                    return after
+                time.sleep(after)
                 continue
             if job.terminal or time.monotonic() >= deadline:
                 return job
