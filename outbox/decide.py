@@ -240,9 +240,10 @@ def settle(job: JobRecord | None, seen: Observation | ProviderError | None, *, n
     if isinstance(seen, ProviderError):
         return expired or after_read_error("status", seen, job, now=now, attempts=attempts, facts=facts)
     if seen.state == TaskState.RUNNING:
-        return expired or Wait(timers.next_check_delay(facts, callback_registered=job.callback_registered,
-                                            age_s=job.age_s(now), seconds_to_deadline=job.seconds_to_deadline(now)),
-                    "still running")
+        return expired or Wait(
+            timers.next_check_delay(facts, callback_registered=job.callback_registered, age_s=job.age_s(now),
+                                    seconds_to_deadline=job.seconds_to_deadline(now)),
+            "still running")
     if seen.state == TaskState.CANCELLED and seen.stopped_at_deadline:
         return Close(JobStatus.EXPIRED, JobError.GIVE_UP, STOPPED_AT_DEADLINE)
     if seen.state in (TaskState.FAILED, TaskState.CANCELLED):

@@ -49,19 +49,19 @@ async def resolve_with_task(conn, job_id: str, task_id: str, first_check_after_s
 async def resolve_failed(conn, job_id: str, settings: Settings) -> jobs.Closed:
     """`settings`: whether the job's provider is capped, so that the place
     it held wakes a job waiting for it (not the 60 s safety net)."""
-    provider = await conn.fetchval("select provider from jobs where id = $1", job_id)
-    if provider is None:
+    job = await jobs.load(conn, job_id)
+    if job is None:
         raise LookupError(job_id)
     closed = await jobs.close(conn, job_id, JobStatus.FAILED, error_code=JobError.RESOLVED_FAILED,
                               error_message="resolved as failed by an operator",
-                              from_statuses=(JobStatus.UNCERTAIN,), wake_capacity=is_capped(settings, provider))
+                              from_statuses=(JobStatus.UNCERTAIN,), wake_capacity=is_capped(settings, job["provider"]))
     if closed is None:
         raise InvalidState(await _status(conn, job_id))
     return closed
 
 
 async def _status(conn, job_id: str) -> str:
-    status = await conn.fetchval("select status from jobs where id = $1", job_id)
+    status = await jobs.status_of(conn, job_id)
     if status is None:
         raise LookupError(job_id)
     return status

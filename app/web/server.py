@@ -98,13 +98,6 @@ def protocol_with_header_timeout(seconds: float) -> type[HeaderDeadlineProtocol]
     return type("HeaderDeadlineProtocol", (HeaderDeadlineProtocol,), {"header_timeout_s": float(seconds)})
 
 
-class HeaderDeadlineFromEnv(HeaderDeadlineProtocol):
-    """The protocol class for worker processes: its deadline is
-    HEADER_TIMEOUT_S as `longcall serve` exported it (already validated)."""
-
-    header_timeout_s = 0.0  # set below, once the module is loaded
-
-
 def _exported_header_timeout() -> float:
     """HEADER_TIMEOUT_S as exported for the workers. This module is imported
     before `longcall serve` checks the setting (serve_limits): a value that
@@ -115,7 +108,11 @@ def _exported_header_timeout() -> float:
         return DEFAULT_HEADER_TIMEOUT_S
 
 
-HeaderDeadlineFromEnv.header_timeout_s = _exported_header_timeout()
+class HeaderDeadlineFromEnv(HeaderDeadlineProtocol):
+    """The protocol class for worker processes: its deadline is
+    HEADER_TIMEOUT_S as `longcall serve` exported it (already validated)."""
+
+    header_timeout_s = _exported_header_timeout()
 
 
 WORKER_PROTOCOL = f"{__name__}:{HeaderDeadlineFromEnv.__name__}"

@@ -68,8 +68,10 @@ async def sweep_once(pool, settings: Settings) -> SweepReport:
         for job_id, status in zip(probe["ids"], probe["statuses"], strict=True):
             if status == JobStatus.UNCERTAIN:
                 row = await jobs.load(conn, job_id)
-                expire = decide.give_up(JobStatus.UNCERTAIN, row["deadline_at"], probe["now"]) if row else None
-                if row is None or expire is None:
+                if row is None:
+                    continue
+                expire = decide.give_up(JobStatus.UNCERTAIN, row["deadline_at"], probe["now"])
+                if expire is None:
                     continue
                 closed = await jobs.close(conn, job_id, expire.status, error_code=expire.error_code,
                                           error_message=expire.message,

@@ -282,18 +282,18 @@ describe("jobs", () => {
   test("get with wait: the long poll's answer may come after the request timeout, grown by the wait",
     { timeout: 60_000 }, async () => {
       const created = await client.jobs.create(slowJob("get-wait-timeout"));
-      // The proxy answers no sooner than 6 s (a long poll that ran its whole wait); the client's own timeout
-      // is 3 s: only 3 s + the wait (9 s) lets the answer through.
-      const proxy = await startProxy(lc.base_url, [{ kind: "forward-held", ms: 6_000 }]);
+      // The proxy answers no sooner than 12 s (a long poll that ran its whole wait); the client's own
+      // timeout is 8 s: only 8 s + the wait (20 s) lets the answer through, 8 s of slack for a loaded machine.
+      const proxy = await startProxy(lc.base_url, [{ kind: "forward-held", ms: 12_000 }]);
       try {
         await untilRunning(created.id);
-        const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key, timeoutMs: 3_000 });
+        const via = new Client({ baseUrl: proxy.url, apiKey: lc.api_key, timeoutMs: 8_000 });
         const started = Date.now();
-        const job = await via.jobs.get(created.id, { wait: 6 });
+        const job = await via.jobs.get(created.id, { wait: 12 });
         assert.equal(job.id, created.id);
-        assert.ok(Date.now() - started >= 5_500, `answered after ${Date.now() - started} ms`);
+        assert.ok(Date.now() - started >= 11_500, `answered after ${Date.now() - started} ms`);
         assert.equal(proxy.seen.length, 1, "one request: none timed out and was sent again");
-        assert.equal(new URL(proxy.seen[0]!.url, proxy.url).searchParams.get("wait"), "6");
+        assert.equal(new URL(proxy.seen[0]!.url, proxy.url).searchParams.get("wait"), "12");
         assert.equal(proxy.seen[0]!.answer?.status, 200);
       } finally {
         await proxy.close();
